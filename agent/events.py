@@ -1,0 +1,89 @@
+"""OpenAI Realtime events on the `oai-events` data channel: server events out, client events in.
+
+Both directions are checked against the pydantic models the `openai` package ships for the
+Realtime API, so what omnivox sends and accepts is what OpenAI's own SDKs send and accept.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, get_args
+
+from openai.types.realtime import RealtimeClientEvent
+from pydantic import BaseModel, ValidationError
+
+
+def new_id(prefix: str) -> str:
+    """An id in OpenAI's style: a short prefix and 20 hex digits."""
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def server_event(event_type: str, **fields: Any) -> dict[str, Any]:
+    """A server event with a fresh event_id."""
+    return {"type": event_type, "event_id": new_id("event"), **fields}
+
+
+def error_event(
+    message: str,
+    *,
+    code: str,
+    error_type: str = "invalid_request_error",
+    event_id: str | None = None,
+    param: str | None = None,
+) -> dict[str, Any]:
+    """An `error` server event; event_id names the client event that caused it."""
+    error = {
+        "type": error_type,
+        "code": code,
+        "message": message,
+        "param": param,
+        "event_id": event_id,
+    }
+    return server_event("error", error=error)
+
+
+@dataclass(frozen=True)
+class ClientEventError(Exception):
+    """A client event that could not be accepted; carries what the error event needs."""
+
+    code: str
+    message: str
+    event_id: str | None = None
+
+    def to_event(self) -> dict[str, Any]:
+        return error_event(self.message, code=self.code, event_id=self.event_id)
+
+
+@cache
+def client_event_models() -> dict[str, type[BaseModel]]:
+    """Each client event type name -> its model (the union's `type` literal)."""
+    models = get_args(get_args(RealtimeClientEvent)[0])
+    return {get_args(m.model_fields["type"].annotation)[0]: m for m in models}
+
+
+def parse_client_event(raw: str | bytes, max_bytes: int) -> BaseModel:
+    """Decode and validate one client event; raise ClientEventError saying what is wrong."""
+    if len(raw) > max_bytes:
+        raise ClientEventError("message_too_large", f"event of {len(raw)} bytes > {max_bytes}")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ClientEventError("invalid_json", f"event is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ClientEventError("invalid_event", "event must be a JSON object")
+    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    event_type = data.get("type")
+    model = client_event_models().get(event_type) if isinstance(event_type, str) else None
+    if model is None:
+        raise ClientEventError("unknown_event", f"unknown event type {event_type!r}", event_id)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "event"
+        raise ClientEventError(
+            "invalid_event", f"invalid {event_type}: {where}: {first['msg']}", event_id
+        ) from None

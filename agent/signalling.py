@@ -1,0 +1,91 @@
+"""WebRTC signalling in the shape of OpenAI's Realtime API: POST an SDP offer, get the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from agent.calls import CallLimitError, CallRegistry
+from media.sdp import SdpError, check_offer
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+NEGOTIATION_TIMEOUT_S = 10.0
+
+
+def json_error(status: int, code: str, message: str, **headers: str) -> JSONResponse:
+    """The body every refused request gets: OpenAI's error shape."""
+    body = {"error": {"type": "invalid_request_error", "code": code, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None as soon as it grows past `limit` (never read unbounded)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+@router.post("/v1/realtime/calls", status_code=201)
+async def create_call(request: Request) -> Response:
+    """Answer a caller's SDP offer and start the call."""
+    settings = request.app.state.settings
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/sdp":
+        return json_error(415, "unsupported_media_type", "send the offer as application/sdp")
+    body = await read_body(request, settings.max_sdp_bytes)
+    if body is None:
+        return json_error(413, "sdp_too_large", f"offer exceeds {settings.max_sdp_bytes} bytes")
+    try:
+        offer = body.decode("utf-8")
+        check_offer(offer)
+    except UnicodeDecodeError:
+        return json_error(400, "invalid_sdp", "offer is not UTF-8 text")
+    except SdpError as exc:
+        return json_error(400, "invalid_sdp", str(exc))
+    readiness = request.app.state.readiness
+    if not readiness.ready():
+        return json_error(503, "not_ready", readiness.summary(), **{"Retry-After": "5"})
+    calls: CallRegistry = request.app.state.calls
+    try:
+        call = calls.new_call()
+    except CallLimitError as exc:
+        return json_error(503, "too_many_calls", str(exc), **{"Retry-After": "5"})
+    try:
+        answer = await asyncio.wait_for(
+            call.answer(offer, request.app.state.handler_factory), NEGOTIATION_TIMEOUT_S
+        )
+    except TimeoutError:
+        await call.close()
+        return json_error(504, "negotiation_timeout", "could not build an answer in time")
+    except Exception as exc:  # aiortc refuses offers it cannot negotiate in many ways
+        await call.close()
+        log.info("offer refused: %s", exc)
+        return json_error(400, "invalid_sdp", f"cannot negotiate this offer: {exc}")
+    log.info("call %s started (%d live)", call.id, len(calls))
+    return Response(
+        content=answer,
+        status_code=201,
+        media_type="application/sdp",
+        headers={"Location": f"/v1/realtime/calls/{call.id}"},
+    )
+
+
+@router.delete("/v1/realtime/calls/{call_id}", status_code=204)
+async def hang_up(call_id: str, request: Request) -> Response:
+    """End a call."""
+    call = request.app.state.calls.get(call_id)
+    if call is None:
+        return json_error(404, "call_not_found", f"no call {call_id!r}")
+    await call.close()
+    return Response(status_code=204)
