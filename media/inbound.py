@@ -1,0 +1,104 @@
+"""The caller's incoming audio: one remote track, always drained, cut into 16 kHz 20 ms frames.
+
+aiortc queues decoded frames without limit when nobody reads a remote track, so `InboundAudio`
+reads for as long as the track lives, whatever its consumer does with the frames.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import av
+import numpy as np
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16_000
+FRAME_SAMPLES = 320  # 20 ms at 16 kHz, the VAD's frame
+
+
+class InboundAudio:
+    """Drains one remote aiortc audio track: decode, resample to 16 kHz mono int16,
+    cut into 20 ms frames."""
+
+    def __init__(self, track: MediaStreamTrack, on_frame: Callable[[np.ndarray], None]) -> None:
+        self._track = track
+        self._on_frame = on_frame
+        self._resampler: av.AudioResampler | None = None
+        self._source: tuple[str, str, int] | None = None  # (format, layout, rate) of the input
+        self._carry = np.zeros(0, dtype=np.int16)  # < FRAME_SAMPLES samples left over
+        self._frames_in = 0
+        self._frames_out = 0
+
+    @property
+    def frames_in(self) -> int:
+        """Decoded audio frames read from the track so far."""
+        return self._frames_in
+
+    @property
+    def frames_out(self) -> int:
+        """20 ms frames (320 samples at 16 kHz) handed to on_frame so far."""
+        return self._frames_out
+
+    async def run(self) -> None:
+        """Read the track until it ends, calling on_frame for every 20 ms of audio."""
+        while True:
+            try:
+                frame = await self._track.recv()
+            except MediaStreamError:
+                break
+            self._frames_in += 1
+            try:
+                self._emit(self._resample(frame))
+            except Exception:  # one bad frame must not stop the draining
+                logger.exception("inbound audio frame %d could not be converted", self._frames_in)
+        self._emit(self._flush_resampler())
+        logger.debug("inbound track ended after %d frames in, %d out",
+                     self._frames_in, self._frames_out)
+
+    def _resample(self, frame: av.AudioFrame) -> list[np.ndarray]:
+        source = (frame.format.name, frame.layout.name, frame.sample_rate)
+        if source != self._source:
+            # A new codec (or a renegotiation) changes the input; PyAV's resampler is bound
+            # to the first frame's parameters, so its tail is flushed and a new one made.
+            tail = self._flush_resampler()
+            if self._source is not None:
+                logger.info("inbound audio changed from %s to %s", self._source, source)
+            self._source = source
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+            return tail + self._convert(frame)
+        return self._convert(frame)
+
+    def _convert(self, frame: av.AudioFrame | None) -> list[np.ndarray]:
+        assert self._resampler is not None
+        return [f.to_ndarray().reshape(-1) for f in self._resampler.resample(frame)]
+
+    def _flush_resampler(self) -> list[np.ndarray]:
+        if self._resampler is None:
+            return []
+        try:
+            tail = self._convert(None)
+        except Exception:
+            logger.exception("flushing the inbound resampler failed")
+            tail = []
+        self._resampler = None
+        self._source = None
+        return tail
+
+    def _emit(self, pieces: list[np.ndarray]) -> None:
+        pieces = [p for p in pieces if p.size]
+        if not pieces:
+            return
+        samples = np.concatenate([self._carry, *pieces])
+        whole = len(samples) // FRAME_SAMPLES * FRAME_SAMPLES
+        # Copied so the carry does not pin the whole block in memory.
+        self._carry = samples[whole:].copy()
+        for begin in range(0, whole, FRAME_SAMPLES):
+            self._frames_out += 1
+            try:
+                self._on_frame(samples[begin:begin + FRAME_SAMPLES])
+            except Exception:  # the consumer's failure must not stop the draining
+                logger.exception("on_frame failed for inbound frame %d", self._frames_out)

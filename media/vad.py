@@ -1,0 +1,222 @@
+"""Voice activity segmentation of one call's inbound audio (webrtcvad with hysteresis).
+
+A `VadSegmenter` takes the call's 16 kHz mono int16 audio in 20 ms frames and turns it into
+`SpeechStarted` / `SpeechStopped` events on the call's audio timeline (milliseconds of audio
+pushed so far). `SpeechStopped` carries the utterance audio: a short pre-roll from before the
+onset followed by the speech itself, without the closing silence.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import webrtcvad
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16_000
+FRAME_MS = 20
+FRAME_SAMPLES = 320
+
+# webrtcvad reports its first frames and a hangover of several frames after every burst as
+# speech, even when the audio is digital silence. A frame whose AC energy is below this RMS
+# (about -70 dBFS, far below any real speech) is never counted as voiced, so a click followed
+# by silence cannot satisfy the onset and the utterance end is not pushed out by the hangover.
+MIN_VOICED_RMS = 10.0
+
+
+@dataclass(frozen=True)
+class VadConfig:
+    """Settings of a `VadSegmenter`; durations are in ms and rounded up to whole frames."""
+
+    aggressiveness: int = 2
+    onset_ms: int = 60
+    silence_ms: int = 500
+    preroll_ms: int = 300
+    max_utterance_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        if self.aggressiveness not in (0, 1, 2, 3):
+            raise ValueError(f"aggressiveness must be 0..3, got {self.aggressiveness}")
+        for name in ("onset_ms", "silence_ms", "preroll_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_utterance_ms < FRAME_MS:
+            raise ValueError(f"max_utterance_ms must be >= {FRAME_MS}, got {self.max_utterance_ms}")
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    """The caller started speaking; `audio_start_ms` is the first voiced frame of the onset."""
+
+    audio_start_ms: int
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    """The caller stopped speaking (or the utterance hit its length cap)."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    pcm: np.ndarray
+    capped: bool
+
+
+VadEvent = SpeechStarted | SpeechStopped
+
+
+def _frames(ms: int) -> int:
+    return math.ceil(ms / FRAME_MS)
+
+
+def _onset_window(onset_frames: int) -> int:
+    """Frames over which the onset's voiced frames are counted: half again the onset, so a
+    single unvoiced frame inside a syllable does not restart the count."""
+    if onset_frames <= 1:
+        return 1
+    return onset_frames + max(1, onset_frames // 2)
+
+
+class VadSegmenter:
+    """Speech segmenter of one call: onset/offset hysteresis over webrtcvad decisions,
+    a bounded pre-roll ring and a bounded utterance buffer."""
+
+    def __init__(self, config: VadConfig) -> None:
+        self._vad = webrtcvad.Vad(config.aggressiveness)
+        self._frame_count = 0
+        # Frames up to this index were delivered (or cleared) and never reused as pre-roll.
+        self._consumed_idx = -1
+        self._ring: deque[tuple[int, np.ndarray]] = deque()
+        self._window: deque[bool] = deque()
+        self._utterance: list[np.ndarray] = []
+        self._utt_first_idx = 0
+        self._start_idx = 0
+        self._last_voiced_idx = 0
+        self._silence_run = 0
+        self._in_speech = False
+        self._apply(config)
+
+    @property
+    def config(self) -> VadConfig:
+        return self._config
+
+    @property
+    def position_ms(self) -> int:
+        """Milliseconds of audio pushed so far: the call's audio timeline."""
+        return self._frame_count * FRAME_MS
+
+    @property
+    def in_speech(self) -> bool:
+        return self._in_speech
+
+    @property
+    def voiced_ms(self) -> int:
+        """Length of the speech in progress, onset to its last voiced frame (0 outside speech)."""
+        if not self._in_speech:
+            return 0
+        return (self._last_voiced_idx + 1 - self._start_idx) * FRAME_MS
+
+    def reconfigure(self, config: VadConfig) -> None:
+        """Apply new settings from the next frame on; speech in progress carries on."""
+        self._apply(config)
+
+    def clear(self) -> None:
+        """Drop any speech in progress and its pre-roll; the timeline continues."""
+        self._consumed_idx = self._frame_count - 1
+        self._reset_detection()
+
+    def push(self, frame: np.ndarray) -> list[VadEvent]:
+        """Feed the next 20 ms frame (320 int16 samples at 16 kHz); returns the events it caused."""
+        if not isinstance(frame, np.ndarray) or frame.dtype != np.int16:
+            raise ValueError("a VAD frame must be a numpy int16 array")
+        if frame.ndim != 1 or frame.shape[0] != FRAME_SAMPLES:
+            raise ValueError(f"a VAD frame must hold exactly {FRAME_SAMPLES} samples, "
+                             f"got shape {frame.shape}")
+        frame = frame.copy()  # the caller may reuse its buffer
+        idx = self._frame_count
+        self._frame_count += 1
+        voiced = self._is_voiced(frame)
+        self._ring.append((idx, frame))
+        if self._in_speech:
+            return self._continue_speech(idx, frame, voiced)
+        return self._detect_onset(idx, voiced)
+
+    def _apply(self, config: VadConfig) -> None:
+        self._config = config
+        self._vad.set_mode(config.aggressiveness)
+        self._onset_frames = max(1, _frames(config.onset_ms))
+        self._silence_frames = max(1, _frames(config.silence_ms))
+        self._preroll_frames = _frames(config.preroll_ms)
+        self._max_frames = max(1, _frames(config.max_utterance_ms))
+        window = _onset_window(self._onset_frames)
+        # deque(iterable, maxlen) keeps the newest entries when it shrinks.
+        self._window = deque(self._window, maxlen=window)
+        self._ring = deque(self._ring, maxlen=self._preroll_frames + window)
+
+    def _is_voiced(self, frame: np.ndarray) -> bool:
+        samples = frame.astype(np.float32)
+        if float(np.var(samples)) < MIN_VOICED_RMS * MIN_VOICED_RMS:
+            return False
+        try:
+            return bool(self._vad.is_speech(frame.tobytes(), SAMPLE_RATE))
+        except Exception:  # webrtcvad only raises on bad input; never let one frame end a call
+            logger.exception("webrtcvad rejected a frame; treating it as unvoiced")
+            return False
+
+    def _detect_onset(self, idx: int, voiced: bool) -> list[VadEvent]:
+        self._window.append(voiced)
+        if sum(self._window) < self._onset_frames:
+            return []
+        first_voiced = self._window.index(True)
+        start_idx = idx - (len(self._window) - 1) + first_voiced
+        first_idx = max(start_idx - self._preroll_frames, self._consumed_idx + 1)
+        self._utterance = [f for i, f in self._ring if i >= first_idx]
+        self._utt_first_idx = idx - len(self._utterance) + 1
+        self._start_idx = start_idx
+        self._last_voiced_idx = idx
+        self._silence_run = 0
+        self._in_speech = True
+        self._window.clear()
+        logger.debug("speech started at %d ms", start_idx * FRAME_MS)
+        return [SpeechStarted(audio_start_ms=start_idx * FRAME_MS)]
+
+    def _continue_speech(self, idx: int, frame: np.ndarray, voiced: bool) -> list[VadEvent]:
+        self._utterance.append(frame)
+        if voiced:
+            self._last_voiced_idx = idx
+            self._silence_run = 0
+        else:
+            self._silence_run += 1
+        if self._silence_run >= self._silence_frames:
+            return [self._close(capped=False)]
+        if idx + 1 - self._start_idx >= self._max_frames:
+            return [self._close(capped=True)]
+        return []
+
+    def _close(self, capped: bool) -> SpeechStopped:
+        end_idx = self._last_voiced_idx
+        keep = end_idx - self._utt_first_idx + 1
+        pcm = np.concatenate(self._utterance[:keep])
+        event = SpeechStopped(
+            audio_start_ms=self._start_idx * FRAME_MS,
+            audio_end_ms=(end_idx + 1) * FRAME_MS,
+            pcm=pcm,
+            capped=capped,
+        )
+        # After a capped close the caller may still be talking: everything up to now was
+        # delivered, so the next utterance needs a fresh onset and reuses none of it as pre-roll.
+        self._consumed_idx = self._frame_count - 1 if capped else end_idx
+        self._reset_detection()
+        logger.debug("speech stopped at %d ms (capped=%s, %d ms of audio)",
+                     event.audio_end_ms, capped, len(pcm) * 1000 // SAMPLE_RATE)
+        return event
+
+    def _reset_detection(self) -> None:
+        self._in_speech = False
+        self._utterance = []
+        self._window.clear()
+        self._silence_run = 0

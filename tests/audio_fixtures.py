@@ -1,0 +1,85 @@
+"""Test speech made on the spot: espeak-ng speaks, sox converts and pads, numpy measures.
+
+Shared by the media unit tests and the WebRTC / browser tests, so that every test knows the
+exact position of the speech inside its audio.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import wave
+from pathlib import Path
+
+import numpy as np
+
+ESPEAK = shutil.which("espeak-ng") or "/usr/bin/espeak-ng"
+SOX = shutil.which("sox") or "/usr/bin/sox"
+
+
+def speech_wav(
+    text: str,
+    path: Path | str,
+    rate: int = 48_000,
+    pad_before_s: float = 1.0,
+    pad_after_s: float = 2.0,
+    channels: int = 1,
+) -> Path:
+    """Speak `text` with espeak-ng into a 16-bit WAV at `rate`, peak-normalised to -3 dBFS,
+    with `pad_before_s` / `pad_after_s` seconds of digital silence around it."""
+    path = Path(path)
+    raw = path.with_name(path.stem + ".espeak.wav")
+    subprocess.run([ESPEAK, "-w", str(raw), text], check=True, capture_output=True)
+    # -D: no dither, so the padding stays digital silence and the speech bounds are exact.
+    subprocess.run(
+        [SOX, "-D", str(raw), "-r", str(rate), "-c", str(channels), "-b", "16", str(path),
+         "gain", "-n", "-3", "pad", str(pad_before_s), str(pad_after_s)],
+        check=True, capture_output=True,
+    )
+    raw.unlink()
+    return path
+
+
+def read_wav(path: Path | str) -> tuple[np.ndarray, int]:
+    """Read a 16-bit PCM WAV: samples as int16 (shape (n,) mono, (n, channels) otherwise)."""
+    with wave.open(str(path), "rb") as wav:
+        if wav.getsampwidth() != 2:
+            raise ValueError(f"{path}: only 16-bit PCM is supported")
+        channels = wav.getnchannels()
+        rate = wav.getframerate()
+        pcm = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").astype(np.int16)
+    if channels > 1:
+        pcm = pcm.reshape(-1, channels)
+    return pcm, rate
+
+
+def write_wav(path: Path | str, pcm: np.ndarray, rate: int) -> Path:
+    """Write int16 samples ((n,) mono or (n, channels)) as a 16-bit PCM WAV."""
+    pcm = np.asarray(pcm, dtype=np.int16)
+    channels = 1 if pcm.ndim == 1 else pcm.shape[1]
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(channels)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm.astype("<i2").tobytes())
+    return Path(path)
+
+
+def speech_bounds(pcm: np.ndarray, rate: int, threshold_dbfs: float = -50.0) -> tuple[int, int]:
+    """(start_ms, end_ms) of the audible part: first and last 5 ms window whose RMS is above
+    `threshold_dbfs`."""
+    mono = pcm if pcm.ndim == 1 else pcm.mean(axis=1)
+    win = max(1, rate // 200)
+    n = len(mono) // win
+    blocks = mono[: n * win].astype(np.float64).reshape(n, win)
+    rms = np.sqrt(np.mean(blocks * blocks, axis=1))
+    loud = np.flatnonzero(rms > 32768.0 * 10 ** (threshold_dbfs / 20))
+    if loud.size == 0:
+        raise ValueError("no audible part in this audio")
+    return int(loud[0]) * 5, (int(loud[-1]) + 1) * 5
+
+
+def tone(freq_hz: float, duration_s: float, rate: int, amplitude: float = 0.5) -> np.ndarray:
+    """A sine tone as int16 at `rate`."""
+    t = np.arange(round(duration_s * rate)) / rate
+    return (np.sin(2 * np.pi * freq_hz * t) * amplitude * 32767).astype(np.int16)

@@ -1,0 +1,190 @@
+"""OutboundAudioTrack: absolute-clock pacing, queueing, flush and back-pressure, real resampling."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import av
+import numpy as np
+import pytest
+from aiortc.codecs.opus import OpusEncoder
+from aiortc.mediastreams import MediaStreamError
+
+from media.outbound import FRAME_SAMPLES, SAMPLE_RATE, OutboundAudioTrack
+from tests.audio_fixtures import tone
+
+
+def samples_of(frames: list[av.AudioFrame]) -> np.ndarray:
+    return np.concatenate([f.to_ndarray().reshape(-1) for f in frames])
+
+
+async def take(track: OutboundAudioTrack, n: int) -> list[av.AudioFrame]:
+    return [await track.recv() for _ in range(n)]
+
+
+def peak_hz(pcm: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(pcm.astype(np.float64) * np.hanning(len(pcm))))
+    return float(np.argmax(spectrum)) * rate / len(pcm)
+
+
+async def test_frames_are_paced_on_an_absolute_clock() -> None:
+    track = OutboundAudioTrack()
+    await track.write(tone(440, 2.0, 24_000), 24_000)
+    loop = asyncio.get_running_loop()
+    released = []
+    pts = []
+    for _ in range(500):  # 10 s
+        frame = await track.recv()
+        released.append(loop.time())
+        pts.append(frame.pts)
+    lateness = np.array(released) - (released[0] + np.arange(500) * 0.020)
+    print(f"pacing: max late {lateness.max() * 1000:.1f} ms, "
+          f"final drift {lateness[-1] * 1000:.1f} ms")
+    assert lateness.min() > -0.002  # never early
+    assert abs(lateness[-1]) < 0.040  # no drift over 10 s
+    assert pts == [n * FRAME_SAMPLES for n in range(500)]
+    track.stop()
+
+
+async def test_a_stalled_loop_reanchors_instead_of_bursting() -> None:
+    track = OutboundAudioTrack()
+    await take(track, 3)
+    time.sleep(0.3)  # the event loop stalls for 15 frame periods
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    frames = await take(track, 10)
+    # Without re-anchoring, the 15 overdue frames would come back at once.
+    assert loop.time() - began >= 0.15
+    assert [f.pts for f in frames] == [n * FRAME_SAMPLES for n in range(3, 13)]
+    track.stop()
+
+
+async def test_frames_have_the_wire_format_and_encode_with_opus() -> None:
+    track = OutboundAudioTrack()
+    await track.write(tone(440, 0.1, SAMPLE_RATE), SAMPLE_RATE)
+    encoder = OpusEncoder()
+    for frame in await take(track, 3):
+        assert frame.samples == FRAME_SAMPLES
+        assert frame.sample_rate == SAMPLE_RATE
+        assert frame.format.name == "s16" and frame.layout.name == "mono"
+        assert frame.time_base.numerator == 1 and frame.time_base.denominator == SAMPLE_RATE
+        payloads, _ = encoder.encode(frame)
+        assert payloads and len(payloads[0]) > 10
+    track.stop()
+
+
+async def test_flush_silences_the_next_frame_and_keeps_pts_running() -> None:
+    changes: list[bool] = []
+    track = OutboundAudioTrack(on_playing_changed=changes.append)
+    await track.write(tone(440, 1.0, SAMPLE_RATE), SAMPLE_RATE)
+    before = await take(track, 5)
+    assert all(np.abs(f.to_ndarray()).max() > 1000 for f in before)
+    assert track.playing and changes == [True]
+
+    assert track.flush() == 1000 - 5 * 20
+    assert track.queued_ms == 0
+    assert not track.playing and changes == [True, False]
+    after = await take(track, 5)
+    assert all(not f.to_ndarray().any() for f in after)
+    assert [f.pts for f in before + after] == [n * FRAME_SAMPLES for n in range(10)]
+    assert track.played_ms == 100
+    track.stop()
+
+
+async def test_played_ms_counts_only_agent_audio() -> None:
+    changes: list[bool] = []
+    track = OutboundAudioTrack(on_playing_changed=changes.append)
+    assert not samples_of(await take(track, 3)).any()
+    assert track.played_ms == 0 and not track.playing
+
+    audio = tone(300, 0.110, SAMPLE_RATE)  # five and a half frames
+    await track.write(audio, SAMPLE_RATE)
+    assert track.queued_ms == 110
+    out = samples_of(await take(track, 8))
+    np.testing.assert_array_equal(out[: len(audio)], audio)
+    assert not out[len(audio):].any()  # the rest of the sixth frame is silence
+    assert track.played_ms == 110 and track.queued_ms == 0
+    assert changes == [True, False] and not track.playing
+
+    await take(track, 3)
+    assert track.played_ms == 110
+    track.stop()
+
+
+async def test_write_blocks_while_the_queue_is_full_and_resumes_with_playback() -> None:
+    track = OutboundAudioTrack(max_queue_ms=200)
+    audio = tone(440, 1.0, SAMPLE_RATE)
+    writer = asyncio.create_task(track.write(audio, SAMPLE_RATE))
+    await asyncio.sleep(0.05)
+    assert not writer.done()
+    assert track.queued_ms == 200
+
+    frames = []
+    while not writer.done():
+        frames.append(await track.recv())
+        assert track.queued_ms <= 200
+        await asyncio.sleep(0.005)  # let a woken writer run before checking it again
+    await writer
+    # The writer finished once the last 200 ms fitted; playback then drains the rest.
+    assert len(frames) == (1000 - 200) // 20
+    frames += await take(track, 10)
+    np.testing.assert_array_equal(samples_of(frames), audio)
+    assert track.played_ms == 1000
+    track.stop()
+
+
+async def test_flush_wakes_a_blocked_writer_and_drops_its_rest() -> None:
+    track = OutboundAudioTrack(max_queue_ms=200)
+    writer = asyncio.create_task(track.write(tone(440, 1.0, 16_000), 16_000))
+    await asyncio.sleep(0.05)
+    assert not writer.done()
+    assert 180 <= track.flush() <= 200
+    await asyncio.wait_for(writer, 1.0)
+    assert track.queued_ms == 0
+    assert not samples_of(await take(track, 2)).any()
+    track.stop()
+
+
+@pytest.mark.parametrize("rate, dtype", [
+    (8_000, np.int16), (16_000, np.int16), (22_050, np.int16), (24_000, np.int16),
+    (48_000, np.int16), (24_000, np.float32), (22_050, np.float32),
+])
+async def test_any_rate_input_plays_for_the_right_duration(rate: int, dtype: type) -> None:
+    source = tone(440, 0.3, rate)
+    pcm = source if dtype is np.int16 else source.astype(np.float32) / 32767
+    track = OutboundAudioTrack()
+    await track.write(pcm, rate)
+    # The resampler keeps a filter tail of a few samples until the next write.
+    assert 297 <= track.queued_ms <= 300
+    out = samples_of(await take(track, 15))
+    assert 297 <= track.played_ms <= 300
+    assert abs(peak_hz(out[:14400], SAMPLE_RATE) - 440) < 10
+    assert abs(np.abs(out).max() - np.abs(source).max()) < 0.05 * 32767
+    track.stop()
+
+
+async def test_stop_ends_recv_and_writes() -> None:
+    track = OutboundAudioTrack(max_queue_ms=100)
+    blocked = asyncio.create_task(track.write(tone(440, 1.0, SAMPLE_RATE), SAMPLE_RATE))
+    await asyncio.sleep(0.02)
+    track.stop()
+    assert track.readyState == "ended"
+    with pytest.raises(MediaStreamError):
+        await asyncio.wait_for(blocked, 1.0)
+    with pytest.raises(MediaStreamError):
+        await track.recv()
+    with pytest.raises(MediaStreamError):
+        await track.write(tone(440, 0.1, SAMPLE_RATE), SAMPLE_RATE)
+
+
+async def test_bad_input_is_rejected() -> None:
+    track = OutboundAudioTrack()
+    with pytest.raises(ValueError):
+        await track.write(np.zeros((2, 100), dtype=np.int16), 16_000)
+    with pytest.raises(ValueError):
+        await track.write(np.zeros(100, dtype=np.int32), 16_000)
+    with pytest.raises(ValueError):
+        await track.write(np.zeros(100, dtype=np.int16), 0)
+    assert track.queued_ms == 0
+    track.stop()
