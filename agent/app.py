@@ -12,10 +12,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from agent.call import HandlerFactory
+from agent.call import Call, HandlerFactory
 from agent.calls import CallRegistry
 from agent.config import Settings
 from agent.readiness import Readiness
+from agent.session import Session
 from agent.signalling import router as signalling_router
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,12 @@ def create_app(
     handler_factory: HandlerFactory | None = None,
 ) -> FastAPI:
     """Build the app; `pipeline` (when given) is started in the background at startup so the
-    API answers /healthz at once while the engines load."""
+    API answers /healthz at once while the engines load. Calls are handled by a conversation
+    `Session` on that pipeline unless `handler_factory` says otherwise (tests)."""
+    if handler_factory is None and pipeline is not None:
+
+        def handler_factory(call: Call) -> Session:
+            return Session(call, pipeline, settings.conversation)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -17,6 +17,7 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
 from agent.config import Settings
 from agent.events import ClientEventError, new_id, parse_client_event, server_event
+from agent.payloads import session_object
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
 from media.peer import apply_offer, create_answer, new_peer_connection
@@ -85,7 +86,7 @@ class Call:
             await self.close()
             raise
         self.handler = handler_factory(self) if handler_factory else None
-        self._spawn(self._connect_watchdog())
+        self.spawn(self._connect_watchdog())
         return answer
 
     # -- events to the caller -------------------------------------------------------------
@@ -99,33 +100,27 @@ class Call:
         channel.send(json.dumps(event, separators=(",", ":")))
 
     def session_object(self) -> dict[str, Any]:
-        """The session as OpenAI's `session.created` describes it."""
-        v = self.settings.vad
-        return {
-            "type": "realtime",
-            "object": "realtime.session",
-            "id": self.id,
-            "model": self.settings.profile,
-            "output_modalities": ["audio"],
-            "audio": {
-                "input": {
-                    "format": {"type": "audio/pcm", "rate": 24000},
-                    "turn_detection": {
-                        "type": "server_vad",
-                        "prefix_padding_ms": v.preroll_ms,
-                        "silence_duration_ms": v.silence_ms,
-                    },
-                },
-                "output": {"format": {"type": "audio/pcm", "rate": 24000}},
-            },
-        }
+        """The session as `session.created` describes it (the handler's view when it has one)."""
+        describe = getattr(self.handler, "session_object", None)
+        if describe is not None:
+            return describe()
+        conversation = self.settings.conversation
+        return session_object(
+            self.id,
+            self.settings.profile,
+            conversation.instructions,
+            conversation.voice,
+            self.vad.config,
+            interrupt=conversation.barge_in,
+            create_response=conversation.create_response,
+        )
 
     # -- peer connection callbacks --------------------------------------------------------
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio":
             return
-        self._spawn(InboundAudio(track, self._on_audio_frame).run())
+        self.spawn(InboundAudio(track, self._on_audio_frame).run())
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL or self._channel is not None:
@@ -191,7 +186,8 @@ class Call:
 
     # -- lifetime -------------------------------------------------------------------------
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
+        """Run `coro` as a task that ends with the call."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

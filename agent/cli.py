@@ -43,10 +43,11 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def build_models(args: argparse.Namespace) -> int:
-    from agent.profiles import build_models as build
+    from pipeline.models import build_family
 
-    path = build(Settings(), args.family)
-    print(f"omnivox: {args.family} models ready in {path}")
+    models_dir = Settings().models_dir
+    build_family(args.family, str(models_dir))
+    print(f"omnivox: {args.family} models ready in {models_dir / args.family}")
     return 0
 
 

@@ -19,6 +19,25 @@ class VadSettings(BaseModel):
     max_utterance_ms: int = Field(30_000, ge=1_000, description="an utterance is cut here")
 
 
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful voice assistant on a phone call. Answer in one or two short spoken "
+    "sentences. No lists, no markdown, no emoji. Write numbers as words."
+)
+
+
+class ConversationSettings(BaseModel):
+    """How a call's conversation runs (per server; session.update can change some per call)."""
+
+    instructions: str = DEFAULT_INSTRUCTIONS
+    voice: str = "default"
+    max_reply_tokens: int = Field(64, ge=1, le=4096)
+    max_history_items: int = Field(32, ge=2)
+    barge_in: bool = Field(True, description="caller speech cancels the agent's reply")
+    barge_in_min_ms: int = Field(200, ge=0, description="speech shorter than this never cancels")
+    echo_guard_ms: int = Field(0, ge=0, description="ignore onsets this long after agent starts")
+    create_response: bool = Field(True, description="answer each utterance automatically")
+
+
 class Settings(BaseModel):
     """Everything `omnivox serve` can be told."""
 
@@ -37,3 +56,4 @@ class Settings(BaseModel):
         30_000, ge=200, description="agent audio buffered ahead of playback"
     )
     vad: VadSettings = Field(default_factory=VadSettings)
+    conversation: ConversationSettings = Field(default_factory=ConversationSettings)

@@ -1,17 +1,41 @@
-"""Model profiles: which family serves each stage, and how to build its models."""
+"""Model profiles (agent/profiles.toml): which family serves the stages, with which settings."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from agent.config import Settings
+from pipeline.orchestrator import Pipeline
+from pipeline.settings import PipelineSettings
+
+PROFILES_FILE = Path(__file__).with_name("profiles.toml")
 
 
-def build_pipeline(settings: Settings) -> Any | None:
-    """The stage pipeline for the settings' profile (none until the stage runtime lands)."""
-    return None
+class ProfileError(ValueError):
+    """An unknown or malformed profile."""
 
 
-def build_models(settings: Settings, family: str) -> Path:
-    raise SystemExit(f"omnivox: no model family {family!r} can be built yet")
+def load_profiles(path: Path = PROFILES_FILE) -> dict[str, dict[str, Any]]:
+    with path.open("rb") as f:
+        return tomllib.load(f)
+
+
+def pipeline_settings(
+    settings: Settings, overrides: dict[str, Any] | None = None
+) -> PipelineSettings:
+    """The pipeline settings of the server's profile, models under settings.models_dir."""
+    profiles = load_profiles()
+    profile = profiles.get(settings.profile)
+    if profile is None:
+        known = ", ".join(sorted(profiles))
+        raise ProfileError(f"unknown profile {settings.profile!r} (known: {known})")
+    fields = {k: v for k, v in profile.items() if k != "description"}
+    fields["models_dir"] = settings.models_dir
+    return PipelineSettings.model_validate({**fields, **(overrides or {})})
+
+
+def build_pipeline(settings: Settings, overrides: dict[str, Any] | None = None) -> Pipeline:
+    """The stage pipeline for the settings' profile (not started)."""
+    return Pipeline(pipeline_settings(settings, overrides))

@@ -5,17 +5,22 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 
-class StageHealthLike(Protocol):
+class StageStatusLike(Protocol):
     state: str  # starting | ready | restarting | failed
     reason: str | None
 
 
+class HealthLike(Protocol):
+    ready: bool
+    stages: dict[str, StageStatusLike]
+
+
 class HealthSource(Protocol):
-    def health(self) -> dict[str, StageHealthLike]: ...
+    def health(self) -> HealthLike: ...
 
 
 class Readiness:
-    """Readiness of every stage the server depends on."""
+    """Readiness of every stage the server depends on (none: a media-only server)."""
 
     def __init__(self, pipeline: HealthSource | None) -> None:
         self.pipeline = pipeline
@@ -23,10 +28,10 @@ class Readiness:
     def stages(self) -> dict[str, dict[str, Any]]:
         if self.pipeline is None:
             return {}
-        return {
-            name: {"state": h.state, "reason": h.reason}
-            for name, h in self.pipeline.health().items()
-        }
+        stages = self.pipeline.health().stages
+        if not stages:
+            return {"pipeline": {"state": "starting", "reason": "preparing models and workers"}}
+        return {name: {"state": s.state, "reason": s.reason} for name, s in stages.items()}
 
     def ready(self) -> bool:
         return all(s["state"] == "ready" for s in self.stages().values())

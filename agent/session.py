@@ -1,0 +1,401 @@
+"""The conversation on one call: VAD turns drive the pipeline, replies stream into the call,
+and the caller can cut the agent off (barge-in) at any moment."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent import payloads
+from agent.call import Call
+from agent.client_events import ClientEventDispatch
+from agent.config import ConversationSettings
+from agent.events import error_event, new_id, server_event
+from agent.history import Conversation, SpokenText
+from media.vad import SpeechStarted, SpeechStopped
+from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
+
+log = logging.getLogger(__name__)
+BARGE_IN_POLL_S = 0.02  # one VAD frame
+
+
+class State(enum.StrEnum):
+    LISTENING = "listening"
+    THINKING = "thinking"
+    SPEAKING = "speaking"
+
+
+@dataclass
+class Reply:
+    """One response in flight: its ids, text so far, and the audio it queued."""
+
+    response_id: str
+    item_id: str
+    turn_id: str
+    user_item_id: str | None
+    text: str = ""
+    spoken: SpokenText = field(default_factory=SpokenText)
+    audio_base_ms: int | None = None  # call's played_ms at which this reply's audio begins
+    started_at: float = 0.0
+    first_audio_at: float | None = None
+    task: asyncio.Task[None] | None = None
+    finished: bool = False
+    audio_state: str = "idle"  # idle -> started -> stopped (the output audio buffer's events)
+    underruns: int = 0  # the queue ran dry mid-reply (the next chunk came late)
+
+    def played_ms(self, call_played_ms: int) -> int:
+        if self.audio_base_ms is None:
+            return 0
+        return max(0, min(call_played_ms - self.audio_base_ms, self.spoken.total_ms))
+
+
+class Session(ClientEventDispatch):
+    """Handler of one call's speech and client events (see agent.call.CallHandler)."""
+
+    def __init__(self, call: Call, pipeline: Any, settings: ConversationSettings) -> None:
+        self.call = call
+        self.pipeline = pipeline
+        self.settings = settings.model_copy()
+        self.conversation = Conversation(settings.instructions, settings.max_history_items)
+        self.state = State.LISTENING
+        self.reply: Reply | None = None
+        self._last_reply: Reply | None = None
+        self._barge_in_watch: asyncio.Task[None] | None = None
+        self._turns = 0
+        self._flushing = False
+        call.outbound.on_playing_changed = self._on_playing_changed
+
+    def session_object(self) -> dict[str, Any]:
+        s = self.settings
+        return payloads.session_object(
+            self.call.id,
+            self.call.settings.profile,
+            s.instructions,
+            s.voice,
+            self.call.vad.config,
+            interrupt=s.barge_in,
+            create_response=s.create_response,
+        )
+
+    # -- caller speech ------------------------------------------------------------------
+
+    def audible_reply(self) -> Reply | None:
+        """The reply the caller is hearing or about to hear: still generating, or generated
+        and still playing out of the outbound queue."""
+        if self.reply is not None:
+            return self.reply
+        last, outbound = self._last_reply, self.call.outbound
+        if last is not None and (outbound.playing or outbound.queued_ms > 0):
+            return last
+        return None
+
+    def on_speech_started(self, event: SpeechStarted, item_id: str) -> None:
+        reply = self.audible_reply()
+        if reply is None or not self.settings.barge_in:
+            return
+        if self._in_echo_guard(reply):
+            log.debug("call %s: onset ignored by echo guard", self.call.id)
+            return
+        if self._barge_in_watch is None or self._barge_in_watch.done():
+            self._barge_in_watch = asyncio.ensure_future(self._watch_barge_in(reply))
+
+    def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None:
+        if self.audible_reply() is not None:
+            # Too short to barge in (or barge-in is off): not a turn of its own.
+            log.info(
+                "call %s: %d ms of caller audio during a reply ignored",
+                self.call.id,
+                event.audio_end_ms - event.audio_start_ms,
+            )
+            return
+        self.call.send_event(
+            server_event("input_audio_buffer.committed", item_id=item_id, previous_item_id=None)
+        )
+        self.conversation.add(item_id, "user", "")
+        self.call.send_event(
+            server_event("conversation.item.created", item=payloads.user_audio_item(item_id, None))
+        )
+        if self.settings.create_response:
+            self.start_reply(audio=event.pcm, user_item_id=item_id)
+
+    def _in_echo_guard(self, reply: Reply) -> bool:
+        guard = self.settings.echo_guard_ms
+        if not guard or reply.first_audio_at is None:
+            return False
+        return (asyncio.get_running_loop().time() - reply.first_audio_at) * 1000 < guard
+
+    async def _watch_barge_in(self, reply: Reply) -> None:
+        """Interrupt `reply` once the caller's speech has lasted barge_in_min_ms."""
+        vad = self.call.vad
+        while vad.in_speech and self.audible_reply() is reply:
+            if vad.voiced_ms >= self.settings.barge_in_min_ms:
+                log.info("call %s: barge-in after %d ms of speech", self.call.id, vad.voiced_ms)
+                await self.interrupt("turn_detected")
+                return
+            await asyncio.sleep(BARGE_IN_POLL_S)
+
+    async def interrupt(self, reason: str) -> bool:
+        """Silence whatever the caller hears now: cancel a reply still generating, or cut the
+        played-out tail of a finished one (its history entry keeps only what was heard)."""
+        if self.reply is not None:
+            return await self.cancel_reply(reason)
+        reply = self.audible_reply()
+        if reply is None:
+            return False
+        self._silence(reply)
+        item = self.conversation.get(reply.item_id)
+        if item is not None:
+            item.text = self._heard(reply)
+        self.state = State.LISTENING
+        return True
+
+    def _heard(self, reply: Reply) -> str:
+        return reply.spoken.heard(reply.text, reply.played_ms(self.call.outbound.played_ms))
+
+    # -- replies --------------------------------------------------------------------------
+
+    def start_reply(self, audio: np.ndarray | None, user_item_id: str | None) -> Reply:
+        """Start a response to the conversation so far (plus the caller's audio, if any)."""
+        self._turns += 1
+        reply = Reply(
+            response_id=new_id("resp"),
+            item_id=new_id("item"),
+            turn_id=f"{self.call.id}-turn{self._turns}",
+            user_item_id=user_item_id,
+            started_at=asyncio.get_running_loop().time(),
+        )
+        self.reply = reply
+        self.state = State.THINKING
+        self.conversation.add(reply.item_id, "assistant", "")
+        turn = Turn(
+            turn_id=reply.turn_id,
+            call_id=self.call.id,
+            messages=self.conversation.messages(),
+            audio=audio,
+            max_tokens=self.settings.max_reply_tokens,
+            voice=self.settings.voice,
+        )
+        item = payloads.assistant_item(reply.item_id, "", "in_progress")
+        self.call.send_event(
+            server_event(
+                "response.created",
+                response=payloads.response(reply.response_id, "in_progress", []),
+            )
+        )
+        self.call.send_event(
+            server_event(
+                "response.output_item.added",
+                response_id=reply.response_id,
+                output_index=0,
+                item=item,
+            )
+        )
+        self.call.send_event(server_event("conversation.item.created", item=item))
+        reply.task = asyncio.ensure_future(self._run(reply, turn))
+        return reply
+
+    async def _run(self, reply: Reply, turn: Turn) -> None:
+        try:
+            async for event in self.pipeline.respond(turn):
+                if self.reply is not reply:
+                    return
+                await self._on_pipeline_event(reply, event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the pipeline's own failures arrive as TurnFailed
+            log.exception("call %s: reply %s broke", self.call.id, reply.response_id)
+            self._finish(reply, "failed", error=str(exc))
+
+    async def _on_pipeline_event(self, reply: Reply, event: Any) -> None:
+        if isinstance(event, TextDelta):
+            reply.text += event.text
+            self.call.send_event(
+                self._reply_event(reply, "response.output_audio_transcript.delta", delta=event.text)
+            )
+        elif isinstance(event, AudioChunk):
+            await self._play(reply, event)
+        elif isinstance(event, Transcript):
+            self._user_transcript(reply, event.text)
+        elif isinstance(event, TurnDone):
+            reply.text = event.text
+            self._finish(reply, "completed", usage=payloads.usage(event.usage))
+        elif isinstance(event, TurnFailed):
+            self._finish(reply, "failed", error=str(event.error))
+
+    async def _play(self, reply: Reply, chunk: AudioChunk) -> None:
+        outbound = self.call.outbound
+        if reply.audio_base_ms is None:
+            reply.audio_base_ms = outbound.played_ms + outbound.queued_ms
+            reply.first_audio_at = asyncio.get_running_loop().time()
+            self.state = State.SPEAKING
+            log.info(
+                "call %s: first audio %.0f ms after the turn began",
+                self.call.id,
+                (reply.first_audio_at - reply.started_at) * 1000,
+            )
+        duration_ms = len(chunk.pcm) * 1000 // chunk.sample_rate
+        reply.spoken.add_chunk(duration_ms, chunk.text_start, chunk.text_end)
+        await outbound.write(chunk.pcm, chunk.sample_rate)
+
+    def _user_transcript(self, reply: Reply, text: str) -> None:
+        if reply.user_item_id is None:
+            return
+        item = self.conversation.get(reply.user_item_id)
+        if item is not None:
+            item.text = text
+        self.call.send_event(
+            server_event(
+                "conversation.item.input_audio_transcription.completed",
+                item_id=reply.user_item_id,
+                content_index=0,
+                transcript=text,
+                usage={"type": "duration", "seconds": 0},
+            )
+        )
+
+    def _reply_event(self, reply: Reply, event_type: str, **fields: Any) -> dict[str, Any]:
+        return server_event(
+            event_type,
+            response_id=reply.response_id,
+            item_id=reply.item_id,
+            output_index=0,
+            content_index=0,
+            **fields,
+        )
+
+    def _finish(
+        self,
+        reply: Reply,
+        status: str,
+        usage: dict[str, Any] | None = None,
+        error: str | None = None,
+        reason: str | None = None,
+        text: str | None = None,
+    ) -> None:
+        """Close a reply: history, the done events, and back to listening."""
+        if reply.finished:
+            return
+        reply.finished = True
+        transcript = reply.text if text is None else text
+        item = self.conversation.get(reply.item_id)
+        if item is not None:
+            item.text = transcript
+        if error:
+            self.call.send_event(
+                error_event(error, code="response_failed", error_type="server_error")
+            )
+        if status == "completed":
+            self.call.send_event(
+                self._reply_event(
+                    reply, "response.output_audio_transcript.done", transcript=transcript
+                )
+            )
+            self.call.send_event(self._reply_event(reply, "response.output_audio.done"))
+        done_item = payloads.assistant_item(
+            reply.item_id, transcript, "completed" if status == "completed" else "incomplete"
+        )
+        self.call.send_event(
+            server_event(
+                "response.output_item.done",
+                response_id=reply.response_id,
+                output_index=0,
+                item=done_item,
+            )
+        )
+        body = payloads.response(
+            reply.response_id,
+            status,
+            [done_item],
+            usage=usage,
+            reason=reason,
+            error={"type": "server_error", "message": error} if error else None,
+        )
+        self.call.send_event(server_event("response.done", response=body))
+        self._last_reply = reply
+        if self.reply is reply:
+            self.reply = None
+            self.state = State.SPEAKING if self.call.outbound.playing else State.LISTENING
+        if status == "completed" and not self.call.outbound.playing:
+            self._audio_stopped(reply)
+
+    async def cancel_reply(self, reason: str = "client_cancelled") -> bool:
+        """Stop the reply now: abort its requests, silence the call, keep what was heard."""
+        reply = self.reply
+        if reply is None:
+            return False
+        self.reply = None
+        await self.pipeline.cancel(reply.turn_id)
+        if reply.task is not None and reply.task is not asyncio.current_task():
+            reply.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reply.task
+        self._silence(reply)
+        self._finish(reply, "cancelled", reason=reason, text=self._heard(reply))
+        self.state = State.LISTENING
+        return True
+
+    def _silence(self, reply: Reply) -> None:
+        """Flush the outbound track and report what the caller heard of `reply`."""
+        outbound = self.call.outbound
+        self._flushing = True  # the flush's playing->False is a clear, not a stop
+        try:
+            outbound.flush()
+        finally:
+            self._flushing = False
+        if reply.audio_base_ms is None:
+            return
+        played = reply.played_ms(outbound.played_ms)
+        if reply.audio_state == "started":
+            reply.audio_state = "cleared"
+            self.call.send_event(
+                server_event("output_audio_buffer.cleared", response_id=reply.response_id)
+            )
+        self.call.send_event(
+            server_event(
+                "conversation.item.truncated",
+                item_id=reply.item_id,
+                content_index=0,
+                audio_end_ms=played,
+            )
+        )
+
+    def _on_playing_changed(self, playing: bool) -> None:
+        """Turn the track's playing/idle edges into one started and one stopped per reply; an
+        idle edge while the reply is still generating is an underrun, not the end."""
+        reply = self.reply or self._last_reply
+        if reply is None or self._flushing:
+            return
+        if playing and reply.audio_state == "idle":
+            reply.audio_state = "started"
+            self.call.send_event(server_event("output_audio_buffer.started",
+                                              response_id=reply.response_id))
+        elif not playing and reply.finished:
+            self._audio_stopped(reply)
+        elif not playing:
+            reply.underruns += 1
+            log.debug("call %s: underrun %d in %s", self.call.id, reply.underruns,
+                      reply.response_id)
+
+    def _audio_stopped(self, reply: Reply) -> None:
+        if reply.audio_state != "started":
+            return
+        reply.audio_state = "stopped"
+        self.call.send_event(server_event("output_audio_buffer.stopped",
+                                          response_id=reply.response_id))
+        if self.reply is None:
+            self.state = State.LISTENING
+
+    async def aclose(self) -> None:
+        if self._barge_in_watch is not None:
+            self._barge_in_watch.cancel()
+        if self.reply is not None:
+            reply, self.reply = self.reply, None
+            await self.pipeline.cancel(reply.turn_id)
+            if reply.task is not None:
+                reply.task.cancel()

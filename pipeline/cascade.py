@@ -1,0 +1,91 @@
+"""The cascade's text chunker: Thinker text pieces -> Talker chunks cut at clause boundaries.
+
+Chunks are cut only between pieces (Thinker deltas), so each chunk's token ids and embeddings
+are exactly those of its text. A cut after clause punctuation waits for the next piece to start
+with whitespace ("3.5" and "e.g" stay whole). The first chunk is short (a fast first audio):
+it ends at the first clause or at the first word past `first_chars`; later chunks end at a
+clause past `min_chars`, or at a word past `max_chars`. Chunks tile the reply exactly:
+reply[chunk.start:chunk.end] == chunk.text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CLAUSE_END = frozenset(".,;:!?…")
+FULLWIDTH_CLAUSE_END = frozenset("。，、；：！？")  # scripts without spaces: cut right after these
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One Thinker delta: its text, token ids and (if the family makes them) embeddings."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    embeds: np.ndarray | None = None  # (len(token_ids), hidden)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One Talker chunk: reply[start:end] == text, with its tokens' ids and embeddings."""
+
+    index: int
+    text: str
+    start: int
+    end: int
+    token_ids: tuple[int, ...]
+    embeds: np.ndarray | None
+
+
+class ClauseChunker:
+    """Cuts a stream of pieces into chunks; `feed` each piece, then `flush` the rest."""
+
+    def __init__(self, first_chars: int = 16, min_chars: int = 24, max_chars: int = 160) -> None:
+        self.first_chars, self.min_chars, self.max_chars = first_chars, min_chars, max_chars
+        self._pieces: list[Piece] = []
+        self._text = ""  # the pending pieces' text
+        self._start = 0
+        self._index = 0
+
+    def feed(self, piece: Piece) -> Chunk | None:
+        """Add a piece; the chunk that ends before it, if the cut falls there."""
+        chunk = self._cut() if self._text and self._cuts_before(piece.text) else None
+        self._pieces.append(piece)
+        self._text += piece.text
+        return chunk
+
+    def flush(self) -> Chunk | None:
+        """The last chunk (at the end of the reply), if any text is pending."""
+        return self._cut() if self._text.strip() else None
+
+    def _cuts_before(self, following: str) -> bool:
+        """Whether the pending text ends a chunk, given the text of the next piece."""
+        text = self._text
+        if not text.strip():
+            return False  # whitespace alone is nothing to voice: it joins the next chunk
+        word_break = text[-1].isspace() or following[:1].isspace()
+        tail = text.rstrip()[-1:]
+        clause = (tail in CLAUSE_END and word_break) or tail in FULLWIDTH_CLAUSE_END
+        clause = clause or text.endswith("\n")
+        if self._index == 0:
+            return clause or (word_break and len(text) >= self.first_chars)
+        if clause and len(text) >= self.min_chars:
+            return True
+        return (word_break and len(text) >= self.max_chars) or len(text) >= 2 * self.max_chars
+
+    def _cut(self) -> Chunk:
+        pieces, text = self._pieces, self._text
+        embeds = [p.embeds for p in pieces if p.embeds is not None and len(p.embeds)]
+        chunk = Chunk(
+            index=self._index,
+            text=text,
+            start=self._start,
+            end=self._start + len(text),
+            token_ids=tuple(t for p in pieces for t in p.token_ids),
+            embeds=np.concatenate(embeds) if embeds else None,
+        )
+        self._pieces, self._text = [], ""
+        self._start, self._index = chunk.end, self._index + 1
+        return chunk

@@ -1,0 +1,1 @@
+"""Model-serving engines the stages drive (vLLM), and the version pins they must match."""

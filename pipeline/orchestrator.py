@@ -1,0 +1,193 @@
+"""The `Pipeline`: the agent's one handle on the model stages (lives in the API process).
+
+It owns the shared block pool (created at start, unlinked at stop), the supervisor of the
+stage workers, one `StageClient` per stage, and the registry of turns in flight:
+`respond(turn)` runs a turn and streams its events, `cancel(turn_id)` stops one, `health()`
+answers readiness checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.client import StageClient
+from pipeline.errors import PipelineBusyError, PipelineNotRunningError, StageFailedError
+from pipeline.events import Event, Turn, TurnDone, TurnFailed
+from pipeline.messages import InspectReply
+from pipeline.models import ensure_models
+from pipeline.settings import STAGE_ORDER, PipelineSettings
+from pipeline.shm import BlockPool
+from pipeline.supervisor import StageState, StageStatus, Supervisor
+from pipeline.turn import TurnRun
+from pipeline.worker import WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+API_OWNER = 1  # the pool owner tag of the API process; workers get 2, 3, 4
+
+
+@dataclass(frozen=True)
+class PipelineHealth:
+    """Readiness: every stage ready, and each stage's state with its reason."""
+
+    ready: bool
+    stages: dict[str, StageStatus]
+
+
+class Pipeline:
+    """Thinker -> Talker -> VoiceBox stage workers behind one async API."""
+
+    def __init__(self, settings: PipelineSettings | dict[str, Any]) -> None:
+        if not isinstance(settings, PipelineSettings):
+            settings = PipelineSettings.model_validate(settings)
+        self.settings = settings
+        self.pool: BlockPool | None = None
+        self._dir: str | None = None
+        self._supervisor: Supervisor | None = None
+        self._clients: dict[str, StageClient] = {}
+        self._runs: dict[str, TurnRun] = {}
+        self._starting = False
+
+    async def start(self) -> None:
+        """Build missing models, create the pool, start the workers; wait until each stage is
+        ready or failed (see `health()`)."""
+        if self._supervisor is not None:
+            raise RuntimeError("pipeline already started")
+        self._starting = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        finally:
+            self._starting = False
+
+    async def _start(self) -> None:
+        s = self.settings
+        if s.build_models:
+            await ensure_models(s.family, s.models_dir)
+        self._dir = tempfile.mkdtemp(prefix="omnivox-")  # private (0700): our ipc sockets
+        name = f"omnivox-{os.getpid()}-{secrets.token_hex(4)}"
+        self.pool = await asyncio.to_thread(BlockPool.create, name, s.pool.block_count,
+                                            s.pool.block_size, owner=API_OWNER)
+        specs = [self._spec(stage, API_OWNER + 1 + i) for i, stage in enumerate(STAGE_ORDER)]
+        for spec in specs:
+            client = StageClient(spec.stage, spec.endpoint, self.pool, queue_size=s.request_queue,
+                                 abort_timeout_s=s.abort_timeout_s,
+                                 connect_timeout_s=s.connect_timeout_s)
+            client.connect()
+            self._clients[spec.stage] = client
+        self._supervisor = Supervisor(specs, s.restart, f"ipc://{self._dir}/control.sock",
+                                      self.pool, on_lost=self._on_stage_lost)
+        await self._supervisor.start()
+        health = self.health()
+        ready = [st for st, status in health.stages.items() if status.state == StageState.READY]
+        await asyncio.gather(*(self._clients[st].wait_connected() for st in ready))
+        if not health.ready:
+            logger.error("pipeline started with stages not ready: %s", health.stages)
+
+    async def stop(self) -> None:
+        """Cancel every turn, stop the workers, unlink the pool."""
+        await asyncio.gather(*(run.cancel() for run in list(self._runs.values())))
+        if self._supervisor is not None:
+            await self._supervisor.stop()
+        for client in self._clients.values():
+            await client.close()
+        self._supervisor, self._clients = None, {}
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.unlink()
+            self.pool = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    async def __aenter__(self) -> Pipeline:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def health(self) -> PipelineHealth:
+        """Each stage's state (starting, ready, restarting, failed) and reason."""
+        if self._supervisor is None:  # not started, or still building models / the pool
+            state = StageState.STARTING if self._starting else StageState.STOPPED
+            return PipelineHealth(False, {st: StageStatus(st, state) for st in STAGE_ORDER})
+        stages = self._supervisor.status()
+        return PipelineHealth(all(st.state == StageState.READY for st in stages.values()), stages)
+
+    async def respond(self, turn: Turn, *, overlap: bool | None = None) -> AsyncIterator[Event]:
+        """Run one turn; its events, ending with TurnDone or TurnFailed (or nothing more once
+        cancelled). Leaving the iteration early cancels the turn. `overlap` overrides the
+        profile's cascade setting for this turn (benchmarks compare the two)."""
+        run = self._admit(turn, self.settings.cascade.overlap if overlap is None else overlap)
+        if isinstance(run, TurnFailed):
+            yield run
+            return
+        try:
+            while True:
+                event = await run.events.get()
+                if event is None or run.cancelled:
+                    return
+                yield event
+                if isinstance(event, (TurnDone, TurnFailed)):
+                    return
+        finally:
+            if not run.cancelled and not run.task.done():
+                await run.cancel()
+            del self._runs[turn.turn_id]
+
+    async def cancel(self, turn_id: str) -> bool:
+        """Abort every request of the turn in its engine and drop its VoiceBox jobs; no event
+        of the turn follows. False if no such turn was in flight."""
+        run = self._runs.get(turn_id)
+        if run is None or run.cancelled:
+            return False
+        await run.cancel()
+        return True
+
+    async def active_requests(self) -> dict[str, InspectReply]:
+        """Per ready stage: the request ids its engine and its worker still hold."""
+        ready = [st for st, status in self.health().stages.items()
+                 if status.state == StageState.READY]
+        replies = await asyncio.gather(*(self._clients[st].inspect() for st in ready))
+        return dict(zip(ready, replies, strict=True))
+
+    def _admit(self, turn: Turn, overlap: bool) -> TurnRun | TurnFailed:
+        """Register and start the turn's run, or say why it cannot run."""
+        if self._supervisor is None or self.pool is None:
+            raise PipelineNotRunningError("the pipeline is not running (start() it first)")
+        if turn.turn_id in self._runs:
+            raise ValueError(f"turn {turn.turn_id} is already in flight")
+        for status in self._supervisor.status().values():
+            if status.state != StageState.READY:
+                reason = f"{status.state}: {status.reason}" if status.reason else status.state
+                return TurnFailed(turn.turn_id, StageFailedError(status.stage, reason))
+        if len(self._runs) >= self.settings.max_turns:
+            return TurnFailed(turn.turn_id, PipelineBusyError(
+                f"{self.settings.max_turns} turns already in flight"))
+        run = TurnRun(turn, self._clients, self.pool, self.settings, overlap)
+        self._runs[turn.turn_id] = run
+        run.start()
+        return run
+
+    def _on_stage_lost(self, stage: str, reason: str) -> None:
+        self._clients[stage].fail_pending(reason)
+
+    def _spec(self, stage: str, owner: int) -> WorkerSpec:
+        s = self.settings
+        return WorkerSpec(
+            stage=stage, family=s.family, endpoint=f"ipc://{self._dir}/{stage}.sock",
+            control_endpoint=f"ipc://{self._dir}/control.sock", pool_name=self.pool.name,
+            owner=owner, settings=s.stages.get(stage, {}), models_dir=str(s.models_dir),
+            heartbeat_s=s.restart.heartbeat_s,
+            stop_timeout_s=s.restart.stop_timeout_s, log_level=s.log_level)

@@ -1,0 +1,61 @@
+"""Pipeline settings: one pydantic model, filled from a profile's `pipeline` section (a dict)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+STAGE_ORDER = ("thinker", "talker", "voicebox")
+
+
+class RestartPolicy(BaseModel):
+    """How the supervisor watches and restarts stage workers."""
+
+    max_attempts: int = Field(3, ge=1, description="failed starts in a row before 'failed'")
+    backoff_s: float = Field(0.5, gt=0, description="first wait before a restart; doubles")
+    backoff_max_s: float = Field(10.0, gt=0)
+    start_timeout_s: float = Field(300.0, gt=0, description="a worker must be ready by then")
+    heartbeat_s: float = Field(0.5, gt=0, description="how often a worker says it is alive")
+    heartbeat_timeout_s: float = Field(10.0, gt=0, description="silence that counts as hung")
+    stop_timeout_s: float = Field(10.0, gt=0, description="graceful stop before SIGKILL")
+
+
+class PoolSettings(BaseModel):
+    """The shared-memory block pool (sized for the largest tensor: a caller's utterance)."""
+
+    block_count: int = Field(256, ge=4)
+    block_size: int = Field(1 << 20, ge=4096)
+    put_timeout_s: float = Field(2.0, gt=0, description="wait for a free block, then fail")
+
+
+class CascadeSettings(BaseModel):
+    """How Thinker text is cut into Talker chunks, and whether the stages overlap."""
+
+    overlap: bool = Field(True, description="False: Thinker, then Talker, then VoiceBox")
+    first_chunk_chars: int = Field(16, ge=1, description="first chunk cut at a word past this")
+    min_chunk_chars: int = Field(24, ge=1, description="later chunks end at a clause past this")
+    max_chunk_chars: int = Field(160, ge=8, description="cut at a word past this, clause or not")
+    first_group: int = Field(4, ge=1, description="speech tokens in the first VoiceBox group")
+    group: int = Field(16, ge=1, description="speech tokens in each later group")
+    context_tokens: int = Field(256, ge=0, description="earlier speech tokens given the Talker")
+
+
+class PipelineSettings(BaseModel):
+    """Everything the pipeline is told by a profile."""
+
+    family: str = Field("tiny", description="a family name, or a dotted module with STAGES")
+    models_dir: Path = Path("models")
+    stages: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-stage settings handed to the stage's start()")
+    pool: PoolSettings = Field(default_factory=PoolSettings)
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    cascade: CascadeSettings = Field(default_factory=CascadeSettings)
+    max_turns: int = Field(256, ge=1, description="turns in flight at once")
+    request_queue: int = Field(1024, ge=8, description="outputs buffered per model request")
+    event_queue: int = Field(256, ge=8, description="events buffered per turn for the agent")
+    abort_timeout_s: float = Field(1.0, gt=0, description="wait for a worker's abort reply")
+    connect_timeout_s: float = Field(10.0, gt=0, description="wait for a worker connection")
+    build_models: bool = Field(True, description="build the family's models when missing")
+    log_level: str = "INFO"

@@ -1,0 +1,399 @@
+"""Shared-memory block pool: how tensors cross between omnivox's processes on one host.
+
+The owner (the supervisor, in the API process) creates one POSIX shared-memory segment at start:
+a header every process reads and writes (per block: state, owner tag, generation), then the data
+blocks. Others attach by name. A writer copies a tensor into a free block and sends only a
+`BlockRef` on the control channel; the reader maps a zero-copy view and releases the block when
+done. A full pool is back-pressure (a wait, then `PoolExhaustedError`), never a copy or a new
+allocation."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import functools
+import logging
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory; the lock is taken on the file
+_MAGIC = 0x316F76696E6D6F  # "omnivo1", little-endian
+_VERSION = 1
+_HEADER_WORDS = 8  # magic, version, block_count, block_size, stride, data_offset, 2 spare
+_RECORD_WORDS = 4  # per block: state, owner, generation, spare
+_FREE, _HELD = 0, 1
+_ALIGN = 64  # every block starts on a cache line, which also aligns any dtype
+_INLINE_COPY_MAX = 1 << 20  # async put() copies larger tensors in a thread, off the event loop
+_POLL_MIN_S, _POLL_MAX_S = 0.0001, 0.005  # back-off while waiting for a free block
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_NUMPY_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+_TRACKER_PATCH = threading.Lock()
+
+
+class BlockRef(msgspec.Struct, frozen=True, tag="block"):
+    """A tensor held in one pool block: the only thing that travels on the control channel."""
+
+    block: int
+    generation: int
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class PoolExhaustedError(RuntimeError):
+    """No block of the pool came free within the caller's timeout."""
+
+
+class StaleBlockError(RuntimeError):
+    """A BlockRef whose block was released or reclaimed since the ref was made."""
+
+
+class TensorTooLargeError(ValueError):
+    """A tensor bigger than one block: the pool's blocks are sized for the largest tensor."""
+
+
+def _open_untracked(name: str) -> SharedMemory:
+    """Attach to a segment without registering it with the resource tracker, which would unlink
+    it when this process exits (Python 3.11 registers attached segments too). Spawned workers
+    share their parent's tracker, so unregistering afterwards would drop the owner's own entry."""
+    if sys.version_info >= (3, 13):
+        return SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+    with _TRACKER_PATCH:
+        register = resource_tracker.register
+        resource_tracker.register = lambda n, rtype: rtype == "shared_memory" or register(n, rtype)
+        try:
+            return SharedMemory(name=name)
+        finally:
+            resource_tracker.register = register
+
+
+def _path(name: str) -> str:
+    if not _NAME_RE.fullmatch(name):  # a plain file name in SHM_DIR
+        raise ValueError(f"pool name {name!r}: use 1-200 of [A-Za-z0-9_.-]")
+    return os.path.join(SHM_DIR, name)
+
+
+def _torch() -> Any:
+    import torch  # lazy: processes that never touch tensors never pay for the import
+    return torch
+
+
+def _is_torch_tensor(obj: object) -> bool:
+    torch = sys.modules.get("torch")  # a torch tensor cannot exist unless torch is imported
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _describe(array: np.ndarray | np.generic | torch.Tensor) -> tuple[int, str, tuple[int, ...]]:
+    """The byte size, dtype name and shape a BlockRef records for `array`."""
+    if _is_torch_tensor(array):
+        return array.nbytes, str(array.dtype).removeprefix("torch."), tuple(array.shape)
+    if not isinstance(array, np.ndarray | np.generic):
+        raise TypeError(f"expected a numpy array or a torch tensor, got {type(array).__name__}")
+    if array.dtype.kind not in _NUMPY_KINDS:
+        raise TypeError(f"dtype {array.dtype} cannot travel in a block (numeric dtypes only)")
+    return array.nbytes, _dtype_name(array.dtype), tuple(array.shape)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: np.dtype) -> str:
+    return dtype.name  # computed in Python by numpy, slowly: cached
+
+
+@functools.lru_cache(maxsize=64)
+def _numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype a BlockRef's dtype name stands for (numeric, canonical names only)."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        raise TypeError(f"dtype {name!r} has no numpy equivalent; use view_torch") from None
+    if dtype.kind not in _NUMPY_KINDS or dtype.name != name:
+        raise TypeError(f"dtype {name!r} cannot travel in a block (numeric dtypes only)")
+    return dtype
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    if not isinstance(dtype := getattr(_torch(), name, None), _torch().dtype):
+        raise TypeError(f"unknown dtype {name!r}")
+    return dtype
+
+
+@functools.lru_cache(maxsize=64)
+def _itemsize(dtype: str) -> int:
+    try:
+        return _numpy_dtype(dtype).itemsize
+    except TypeError:  # torch-only dtypes (bfloat16, float8): reading them needs torch anyway
+        return _torch_dtype(dtype).itemsize
+
+
+class BlockPool:
+    """One process's handle on a shared pool of fixed-size tensor blocks.
+
+    `owner` is the tag written on every block this handle acquires or views: when the process
+    dies, `reclaim(owner)` frees what it held. Give each stage-worker slot its own tag (> 0) and
+    reuse it for the restarted worker. The header is guarded by flock on the segment's file, not
+    a multiprocessing.Lock: the kernel drops it when its holder dies, so a worker killed inside
+    the critical section cannot wedge the pool, and any process can take it knowing only the
+    name. Critical sections are a few microseconds of header reads and writes, never I/O."""
+
+    def __init__(self, shm: SharedMemory, owner: int, fd: int, created: bool) -> None:
+        if owner <= 0:
+            raise ValueError(f"owner tag must be a positive int, got {owner}")
+        self.name, self.owner = shm.name.lstrip("/"), owner
+        self._shm, self._buf, self._created, self._lock = shm, shm.buf, created, _Lock(fd)
+        words = np.ndarray((_HEADER_WORDS,), np.int64, shm.buf, 0)
+        if words[0] != _MAGIC or words[1] != _VERSION:
+            raise ValueError(f"shared memory {self.name!r} is not an omnivox block pool")
+        self.block_count, self.block_size = int(words[2]), int(words[3])
+        self._stride, self._data_offset = int(words[4]), int(words[5])
+        table = np.ndarray((self.block_count, _RECORD_WORDS), np.int64, shm.buf, 8 * _HEADER_WORDS)
+        self._state, self._owner, self._gen = table[:, 0], table[:, 1], table[:, 2]
+
+    @classmethod
+    def create(cls, name: str, block_count: int, block_size: int, *, owner: int = 1) -> BlockPool:
+        """Create and preallocate the pool; the creator is the one that later unlinks it."""
+        path = _path(name)
+        if block_count < 1 or block_size < 1:
+            raise ValueError(f"need block_count, block_size >= 1: {block_count}, {block_size}")
+        stride = -(-block_size // _ALIGN) * _ALIGN
+        data_offset = -(-(_HEADER_WORDS + _RECORD_WORDS * block_count) * 8 // 4096) * 4096
+        total = data_offset + stride * block_count
+        stat = os.statvfs(SHM_DIR)
+        if total > (free := stat.f_bavail * stat.f_frsize):
+            raise OSError(f"pool {name!r} needs {total} bytes but {SHM_DIR} has {free} free "
+                          f"(in a container, raise --shm-size)")
+        shm = SharedMemory(name=name, create=True, size=total)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, total)  # reserve every page now: ENOSPC here, not SIGBUS
+            header = (_VERSION, block_count, block_size, stride, data_offset)
+            shm.buf[8:48] = np.array(header, np.int64).tobytes()
+            shm.buf[:8] = np.int64(_MAGIC).tobytes()  # last: a half-written header is no pool
+            pool = cls(shm, owner, fd, created=True)
+        except BaseException:
+            os.close(fd)
+            shm.close()
+            shm.unlink()
+            raise
+        logger.info("created block pool %r: %d blocks x %d bytes", name, block_count, block_size)
+        return pool
+
+    @classmethod
+    def attach(cls, name: str, owner: int) -> BlockPool:
+        """Attach to a pool another process created; `owner` tags the blocks this one holds."""
+        fd = os.open(_path(name), os.O_RDWR)  # FileNotFoundError: no such pool
+        try:
+            return cls(_open_untracked(name), owner, fd, created=False)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @property
+    def in_use(self) -> int:
+        """Blocks currently held by anyone (a snapshot: no lock)."""
+        return int(np.count_nonzero(self._state == _HELD))
+
+    def held_by(self, owner: int) -> int:
+        """Blocks currently held under `owner`'s tag."""
+        return int(np.count_nonzero((self._state == _HELD) & (self._owner == owner)))
+
+    def try_acquire(self) -> int | None:
+        """Take a free block for this handle's owner, or None if the pool is exhausted."""
+        with self._lock:
+            block = int(self._state.argmin())  # the first free block, if any (_FREE < _HELD)
+            if self._state[block] != _FREE:
+                return None
+            self._owner[block] = self.owner
+            self._state[block] = _HELD  # last: a death before this leaves the block free
+        return block
+
+    async def acquire(self, timeout: float) -> int:
+        """Take a free block, waiting up to `timeout` seconds without blocking the event loop."""
+        pauses = self._pauses(timeout)
+        while (block := self.try_acquire()) is None:
+            await asyncio.sleep(next(pauses))
+        return block
+
+    def acquire_blocking(self, timeout: float) -> int:
+        """Take a free block, sleeping up to `timeout` seconds: for worker threads only."""
+        pauses = self._pauses(timeout)
+        while (block := self.try_acquire()) is None:
+            time.sleep(next(pauses))
+        return block
+
+    def ref(self, block: int, dtype: str, shape: tuple[int, ...]) -> BlockRef:
+        """A ref to a block this handle acquired, to write a tensor in place through view()."""
+        nbytes = _itemsize(dtype) * math.prod(shape)
+        self._check_fits(nbytes, dtype, shape)
+        with self._lock:
+            if not (0 <= block < self.block_count and self._state[block] == _HELD
+                    and self._owner[block] == self.owner):
+                raise StaleBlockError(f"block {block} of {self.name!r} not held by {self.owner}")
+            generation = int(self._gen[block])
+        return BlockRef(block, generation, dtype, tuple(map(int, shape)), nbytes)
+
+    def write(self, array: np.ndarray | torch.Tensor, timeout: float) -> BlockRef:
+        """Acquire a block (waiting up to `timeout`) and copy `array` in: for worker threads."""
+        nbytes, dtype, shape = _describe(array)
+        self._check_fits(nbytes, dtype, shape)
+        return self._fill(self.acquire_blocking(timeout), array, dtype, shape)
+
+    async def put(self, array: np.ndarray | torch.Tensor, timeout: float) -> BlockRef:
+        """Acquire a block (waiting up to `timeout`) and copy `array` in, off the loop if large."""
+        nbytes, dtype, shape = _describe(array)
+        self._check_fits(nbytes, dtype, shape)
+        block = await self.acquire(timeout)
+        if nbytes <= _INLINE_COPY_MAX:
+            return self._fill(block, array, dtype, shape)
+        copy = asyncio.ensure_future(asyncio.to_thread(self._fill, block, array, dtype, shape))
+        try:
+            return await asyncio.shield(copy)
+        except asyncio.CancelledError:  # the copy runs on: give its block back once it ends
+            copy.add_done_callback(lambda done: done.exception() or self.release(done.result()))
+            raise
+
+    def view(self, ref: BlockRef) -> np.ndarray:
+        """A zero-copy numpy view of the tensor in `ref`'s block; this owner now holds it."""
+        dtype = _numpy_dtype(ref.dtype)
+        self._open(ref)
+        return np.ndarray(ref.shape, dtype, self._buf, self._offset(ref.block))
+
+    def view_torch(self, ref: BlockRef) -> torch.Tensor:
+        """A zero-copy CPU torch view of the tensor in `ref`'s block; this owner now holds it."""
+        self._open(ref)
+        return self._tensor(ref)
+
+    def release(self, ref: BlockRef) -> None:
+        """Give `ref`'s block back to the pool; a second release raises StaleBlockError."""
+        with self._lock:
+            self._check_current(ref, "release")
+            self._free(ref.block)
+
+    def reclaim(self, owner: int) -> int:
+        """Free every block held under `owner` (a dead worker's tag); how many were freed.
+        Their generations move on: every ref to them, even one a live reader holds, goes stale."""
+        with self._lock:
+            mask = (self._state == _HELD) & (self._owner == owner)
+            self._free(mask)
+        if count := int(np.count_nonzero(mask)):
+            logger.warning("pool %r: reclaimed %d blocks of owner %d", self.name, count, owner)
+        return count
+
+    def close(self) -> None:
+        """Detach this process; the segment lives on until its creator unlinks it."""
+        if self._lock.fd < 0:
+            return
+        del self._state, self._owner, self._gen, self._buf  # they pin the mapping
+        os.close(self._lock.fd)
+        self._lock.fd = -1
+        try:
+            self._shm.close()
+        except BufferError:  # views still alive: the mapping goes when the last one does
+            logger.warning("pool %r closed while views of it are alive", self.name)
+
+    def unlink(self) -> None:
+        """Destroy the segment (creator only); attached processes keep their mapping."""
+        if not self._created:
+            raise RuntimeError(f"pool {self.name!r} was attached here: only its creator unlinks")
+        self._shm.unlink()
+
+    def _fill(self, block: int, array: Any, dtype: str, shape: tuple[int, ...]) -> BlockRef:
+        """Copy `array` (numpy, or torch on any device) into an acquired block; its ref."""
+        ref = self.ref(block, dtype, shape)
+        try:
+            if _is_torch_tensor(array):
+                with _torch().no_grad():  # device->host (if any) straight into the block
+                    self._tensor(ref).copy_(array)
+            else:  # "equiv": the source's byte order may differ
+                dest = np.ndarray(shape, _numpy_dtype(dtype), self._buf, self._offset(block))
+                np.copyto(dest, array, casting="equiv")
+        except BaseException:
+            self.release(ref)  # the block never left this handle: give it back
+            raise
+        return ref
+
+    def _tensor(self, ref: BlockRef) -> torch.Tensor:
+        """The block as a torch tensor, through bytes: torch has dtypes numpy lacks (bfloat16)."""
+        dtype = _torch_dtype(ref.dtype)
+        raw = np.ndarray((ref.nbytes,), np.uint8, self._buf, self._offset(ref.block))
+        return _torch().from_numpy(raw).view(dtype).view(ref.shape)
+
+    def _free(self, blocks: int | np.ndarray) -> None:
+        """Mark blocks free (lock held); generation first, so a death midway revives no ref."""
+        self._gen[blocks] += 1
+        self._owner[blocks] = 0
+        self._state[blocks] = _FREE
+
+    def _open(self, ref: BlockRef) -> None:
+        """Check that `ref` is current and make this handle's owner the block's holder."""
+        self._check_fits(ref.nbytes, ref.dtype, ref.shape)
+        if _itemsize(ref.dtype) * math.prod(ref.shape) != ref.nbytes:
+            raise ValueError(f"{ref}: nbytes does not match dtype and shape")
+        with self._lock:
+            self._check_current(ref, "view")
+            self._owner[ref.block] = self.owner
+
+    def _check_current(self, ref: BlockRef, action: str) -> None:
+        if not 0 <= ref.block < self.block_count:
+            raise IndexError(f"no block {ref.block} in pool {self.name!r} of {self.block_count}")
+        generation, state = int(self._gen[ref.block]), int(self._state[ref.block])
+        if state != _HELD or generation != ref.generation:
+            raise StaleBlockError(
+                f"cannot {action} block {ref.block} generation {ref.generation} of pool "
+                f"{self.name!r}: it was released or reclaimed (now generation {generation}, "
+                f"{'held' if state == _HELD else 'free'})")
+
+    def _check_fits(self, nbytes: int, dtype: str, shape: tuple[int, ...]) -> None:
+        if nbytes > self.block_size:
+            raise TensorTooLargeError(f"tensor {dtype}{list(shape)} of {nbytes} bytes does not fit "
+                                      f"a block of {self.block_size} bytes in pool {self.name!r}")
+
+    def _offset(self, block: int) -> int:
+        return self._data_offset + block * self._stride
+
+    def _pauses(self, timeout: float) -> Iterator[float]:
+        """Sleeps between tries for a block, growing to _POLL_MAX_S; raises at the deadline."""
+        deadline, pause = time.monotonic() + timeout, _POLL_MIN_S
+        while (remaining := deadline - time.monotonic()) > 0:
+            yield min(pause, remaining)
+            pause = min(pause * 2, _POLL_MAX_S)
+        with self._lock:
+            tags, counts = np.unique(self._owner[self._state == _HELD], return_counts=True)
+        owners = dict(zip(tags.tolist(), counts.tolist(), strict=True))
+        raise PoolExhaustedError(
+            f"pool {self.name!r}: all {self.block_count} blocks of {self.block_size} bytes in use, "
+            f"none came free within {timeout:g} s (blocks per owner: {owners})")
+
+
+class _Lock:
+    """The pool header's lock: this process's threads first, then flock on the segment file."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self._threads = fd, threading.Lock()
+
+    def __enter__(self) -> None:
+        self._threads.acquire()
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except BaseException:  # a closed pool (EBADF): leave the thread lock free
+            self._threads.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self._threads.release()

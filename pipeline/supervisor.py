@@ -1,0 +1,249 @@
+"""The supervisor (in the API process): starts the stage workers, watches, restarts them.
+
+Each stage has one slot and one watcher task. A watcher spawns its worker (`spawn` context),
+waits for `Ready` (or `StartFailed`, an exit, or the start timeout), then watches the running
+worker through its process sentinel and its heartbeats. When a worker dies or hangs: its
+in-flight requests are failed (`on_lost`), its whole process group is killed (no orphaned
+engine processes), its pool blocks are reclaimed, and after a back-off a new one is started.
+Consecutive failed starts past `max_attempts` mark the stage failed, with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import enum
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from multiprocessing.process import BaseProcess
+
+import zmq
+import zmq.asyncio
+
+from pipeline.messages import Heartbeat, Ready, StartFailed, control_decoder
+from pipeline.settings import RestartPolicy
+from pipeline.shm import BlockPool
+from pipeline.worker import WorkerSpec, worker_main
+
+logger = logging.getLogger(__name__)
+
+_SPAWN = multiprocessing.get_context("spawn")
+_LATE_REASON_S = 0.5  # after an exit at start, how long StartFailed may still be on its way
+
+
+class StageState(enum.StrEnum):
+    """Where a stage stands, for readiness checks."""
+
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class StageStatus:
+    """One stage's state as /readyz reports it."""
+
+    stage: str
+    state: StageState
+    reason: str = ""
+    restarts: int = 0
+    pid: int | None = None
+    active: int = 0  # jobs in flight, from the last heartbeat
+
+
+class _Slot:
+    """One stage's worker: the current process and what the watcher knows of it."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self.status = StageStatus(spec.stage, StageState.STARTING)
+        self.process: BaseProcess | None = None
+        self.exited: asyncio.Future[None] | None = None  # of the current process
+        self.started: asyncio.Future[Ready | StartFailed] | None = None
+        self.last_beat = 0.0
+        self.settled = asyncio.Event()  # ready or failed: start() waits for this
+
+    def update(self, **changes: object) -> None:
+        self.status = replace(self.status, **changes)
+
+
+class Supervisor:
+    """Owns the stage worker processes of one pipeline."""
+
+    def __init__(self, specs: list[WorkerSpec], policy: RestartPolicy, control_endpoint: str,
+                 pool: BlockPool, on_lost: Callable[[str, str], None]) -> None:
+        self.policy, self.control_endpoint = policy, control_endpoint
+        self.pool, self.on_lost = pool, on_lost
+        self._slots = {spec.stage: _Slot(spec) for spec in specs}
+        self._ctx = zmq.asyncio.Context.instance()
+        self._control: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        atexit.register(self._kill_all)  # runs before multiprocessing joins its children
+
+    async def start(self) -> None:
+        """Start every worker; return once each stage is ready or has failed."""
+        control = self._ctx.socket(zmq.PULL)
+        control.setsockopt(zmq.LINGER, 0)
+        control.bind(self.control_endpoint)
+        self._control = control
+        self._tasks = [asyncio.create_task(self._read_control())]
+        self._tasks += [asyncio.create_task(self._watch(slot)) for slot in self._slots.values()]
+        await asyncio.gather(*(slot.settled.wait() for slot in self._slots.values()))
+
+    def status(self) -> dict[str, StageStatus]:
+        """Every stage's current state."""
+        return {name: slot.status for name, slot in self._slots.items()}
+
+    async def stop(self) -> None:
+        """Stop every worker: SIGTERM, then SIGKILL to its group past the stop timeout."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        live = [slot for slot in self._slots.values() if slot.process is not None]
+        for slot in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(slot.process.pid, signal.SIGTERM)
+        await asyncio.gather(*(self._bury(slot, self.policy.stop_timeout_s) for slot in live))
+        for slot in self._slots.values():
+            slot.update(state=StageState.STOPPED, pid=None)
+        if self._control is not None:
+            self._control.close()
+        atexit.unregister(self._kill_all)
+
+    async def _watch(self, slot: _Slot) -> None:
+        """Keep one stage's worker running, restarting it with back-off."""
+        failures = 0
+        while True:
+            reason = await self._start_worker(slot)
+            if reason is None:  # ready
+                failures = 0
+                slot.update(state=StageState.READY, reason="")
+                slot.settled.set()
+                reason = await self._until_lost(slot)
+            else:
+                failures += 1
+            logger.error("stage %s: %s", slot.spec.stage, reason)
+            slot.update(state=StageState.RESTARTING, reason=reason)
+            self.on_lost(slot.spec.stage, reason)
+            await self._bury(slot, 0.0)
+            if failures >= self.policy.max_attempts:
+                slot.update(state=StageState.FAILED, pid=None,
+                            reason=f"{reason} ({failures} failed starts in a row)")
+                slot.settled.set()
+                return
+            slot.update(pid=None, restarts=slot.status.restarts + 1)
+            await asyncio.sleep(min(self.policy.backoff_s * 2 ** max(failures - 1, 0),
+                                    self.policy.backoff_max_s))
+
+    async def _start_worker(self, slot: _Slot) -> str | None:
+        """Spawn the worker and wait until it is ready; None, or why it did not start."""
+        loop = asyncio.get_running_loop()
+        slot.started = loop.create_future()
+        spec = replace(slot.spec, parent_pid=os.getpid())
+        process = _SPAWN.Process(target=worker_main, args=(spec,), name=f"omnivox-{spec.stage}")
+        process.start()  # a few ms: fork/exec and a small pickle; the import runs in the child
+        slot.process, slot.exited, slot.last_beat = process, _exit_future(process), loop.time()
+        slot.update(pid=process.pid)
+        done, _ = await asyncio.wait([slot.started, slot.exited],
+                                     timeout=self.policy.start_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if slot.started in done and isinstance(slot.started.result(), Ready):
+            return None
+        if not done:
+            return f"not ready within {self.policy.start_timeout_s:g} s"
+        await _wait(slot.started, _LATE_REASON_S)  # the reason may trail the exit a little
+        if slot.started.done():
+            return f"failed to start: {slot.started.result().reason}"
+        return f"failed to start: {_exit_reason(process)}"
+
+    async def _until_lost(self, slot: _Slot) -> str:
+        """Watch a ready worker until it exits or stops beating; why it was lost."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await _wait(slot.exited, self.policy.heartbeat_s)
+            if slot.exited.done():
+                return _exit_reason(slot.process)
+            silent = loop.time() - slot.last_beat
+            if silent > self.policy.heartbeat_timeout_s:
+                return f"no heartbeat for {silent:.1f} s (hung); killed"
+
+    async def _bury(self, slot: _Slot, grace_s: float) -> None:
+        """Make sure the worker and its whole group are gone; reclaim the blocks it held."""
+        process, exited = slot.process, slot.exited
+        if process is None or exited is None:
+            return
+        await _wait(exited, grace_s)
+        _kill_group(process.pid)  # engine children outlive their worker unless killed here
+        await exited
+        process.join()
+        process.close()
+        slot.process = slot.exited = None  # only now: a burial cut short is finished by stop()
+        self.pool.reclaim(slot.spec.owner)  # logs what it freed
+
+    async def _read_control(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            payload = await self._control.recv()
+            try:
+                msg = control_decoder.decode(payload)
+            except Exception as exc:
+                logger.error("undecodable control message dropped: %s", exc)
+                continue
+            slot = self._slots.get(msg.stage)
+            if slot is None or slot.status.pid != msg.pid:
+                continue  # from a worker already replaced
+            slot.last_beat = loop.time()  # Ready counts too: the start may outlast the timeout
+            if isinstance(msg, Heartbeat):
+                if msg.active != slot.status.active:
+                    slot.update(active=msg.active)
+            elif slot.started is not None and not slot.started.done():
+                slot.started.set_result(msg)
+
+    def _kill_all(self) -> None:
+        """Last resort at interpreter exit: no worker group may outlive the API process."""
+        for slot in self._slots.values():
+            if slot.process is not None and slot.process.pid is not None:
+                _kill_group(slot.process.pid)
+
+
+async def _wait(fut: asyncio.Future[object], timeout: float) -> None:
+    """Wait up to `timeout` for `fut` without cancelling it (and without wait_for, which in
+    3.11 can swallow the caller's own cancellation)."""
+    await asyncio.wait([fut], timeout=timeout)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _exit_future(process: BaseProcess) -> asyncio.Future[None]:
+    """A future done when `process` exits (its sentinel becomes readable)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    fd = process.sentinel
+
+    def on_exit() -> None:
+        loop.remove_reader(fd)
+        if not fut.done():
+            fut.set_result(None)
+
+    loop.add_reader(fd, on_exit)
+    return fut
+
+
+def _exit_reason(process: BaseProcess) -> str:
+    process.join(0)
+    code = process.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"worker killed by {signal.Signals(-code).name}"
+    return f"worker exited with code {code}"

@@ -1,0 +1,264 @@
+"""One turn in flight: Thinker -> chunker -> Talker -> VoiceBox, as tasks joined by channels.
+
+With overlap on, the three stage loops run at once: the Talker voices chunk k while the Thinker
+writes chunk k+1, and the VoiceBox renders group j while the Talker generates group j+1. With
+overlap off they run one after the other (for benchmarks). Every model request has its own id
+`call/turn/stage/chunk` and is tracked until it ends, so `cancel()` can abort exactly those.
+Blocks received from a worker are copied out and released at once; blocks this turn writes
+for a job are released when that job's request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from pipeline.cascade import Chunk, ClauseChunker, Piece
+from pipeline.client import StageClient, release_quietly
+from pipeline.errors import PipelineError, StageFailedError
+from pipeline.events import AudioChunk, Event, TextDelta, Transcript, Turn, TurnDone, TurnFailed
+from pipeline.settings import PipelineSettings
+from pipeline.shm import BlockPool, BlockRef, StaleBlockError
+from pipeline.stage import Job, Output, TalkerJob, ThinkerJob, VoiceBoxJob
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_CHANNEL_SIZE = 64  # chunks or groups buffered between two stage loops of a turn
+
+
+class Channel(Generic[T]):
+    """A FIFO between two stage loops of one turn; closing it ends the reader's iteration.
+
+    maxsize 0 means unbounded: only the sequential mode uses it, where the content is bounded
+    by the turn's max_tokens anyway.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self._items: deque[T] = deque()
+        self._maxsize = maxsize
+        self._closed = False
+        self._readable, self._writable = asyncio.Event(), asyncio.Event()
+
+    async def put(self, item: T) -> None:
+        while self._maxsize and len(self._items) >= self._maxsize:
+            self._writable.clear()
+            await self._writable.wait()
+        self._items.append(item)
+        self._readable.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._readable.set()
+
+    def __aiter__(self) -> Channel[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        while not self._items:
+            if self._closed:
+                raise StopAsyncIteration
+            self._readable.clear()
+            await self._readable.wait()
+        self._writable.set()
+        return self._items.popleft()
+
+
+@dataclass(frozen=True)
+class Group:
+    """Speech tokens of one Talker output, with the chunk of reply text they voice."""
+
+    chunk: Chunk
+    index: int
+    tokens: list[int]
+
+
+class TurnRun:
+    """The cascade of one turn, its events for the agent, and its requests in flight."""
+
+    def __init__(self, turn: Turn, clients: dict[str, StageClient], pool: BlockPool,
+                 settings: PipelineSettings, overlap: bool = True) -> None:
+        self.turn, self.clients, self.pool, self.settings = turn, clients, pool, settings
+        self.overlap = overlap
+        self.events: asyncio.Queue[Event | None] = asyncio.Queue(settings.event_queue)
+        self.in_flight: dict[str, set[str]] = {stage: set() for stage in clients}
+        self.cancelled = False
+        self.task: asyncio.Task[None] | None = None
+        self._reply: list[str] = []
+        self._usage: dict[str, Any] = {"thinker_tokens": 0, "speech_tokens": 0, "chunks": 0,
+                                       "audio_s": 0.0, "first_text_s": None,
+                                       "first_audio_s": None}
+        self._t0 = time.monotonic()
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._drive(), name=f"turn {self.turn.turn_id}")
+
+    async def cancel(self) -> None:
+        """Stop the turn: no event of it is delivered from now on; its requests are aborted."""
+        self.cancelled = True
+        if self.events.empty():
+            self.events.put_nowait(None)  # wake the reader, which sees `cancelled`
+        if self.task is not None:
+            self.task.cancel()  # before the aborts: no stage loop may move on to a next request
+        aborts = [self.clients[stage].abort(list(ids)) for stage, ids in self.in_flight.items()]
+        results = await asyncio.gather(*aborts, return_exceptions=True)
+        for error in results:
+            if isinstance(error, BaseException):
+                logger.warning("turn %s: abort incomplete: %s", self.turn.turn_id, error)
+        if self.task is not None:
+            await asyncio.wait([self.task], timeout=self.settings.abort_timeout_s)
+
+    def request_id(self, stage: str, chunk: int | str) -> str:
+        return f"{self.turn.call_id}/{self.turn.turn_id}/{stage}/{chunk}"
+
+    async def _drive(self) -> None:
+        overlap = self.overlap
+        chunks: Channel[Chunk] = Channel(_CHANNEL_SIZE if overlap else 0)
+        groups: Channel[Group] = Channel(_CHANNEL_SIZE if overlap else 0)
+        try:
+            if overlap:
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(self._think(chunks))
+                    tasks.create_task(self._talk(chunks, groups))
+                    tasks.create_task(self._voice(groups))
+            else:
+                await self._think(chunks)
+                await self._talk(chunks, groups)
+                await self._voice(groups)
+        except (Exception, BaseExceptionGroup) as exc:
+            error = _first_pipeline_error(exc)
+            if error is None:
+                logger.exception("turn %s failed", self.turn.turn_id)
+                error = PipelineError(f"{type(exc).__name__}: {exc}")
+            await self._emit(TurnFailed(self.turn.turn_id, error))
+            return
+        self._usage["elapsed_s"] = time.monotonic() - self._t0
+        await self._emit(TurnDone(self.turn.turn_id, "".join(self._reply), self._usage))
+
+    async def _think(self, chunks: Channel[Chunk]) -> None:
+        """Stream the Thinker's reply to the agent and cut it into chunks for the Talker."""
+        turn, cascade = self.turn, self.settings.cascade
+        chunker = ClauseChunker(cascade.first_chunk_chars, cascade.min_chunk_chars,
+                                cascade.max_chunk_chars)
+        audio = None
+        try:
+            if turn.audio is not None:
+                audio = await self.pool.put(turn.audio, self.settings.pool.put_timeout_s)
+            job = ThinkerJob(self.request_id("thinker", 0), turn.messages, audio, turn.max_tokens,
+                             turn.response_format)
+            async with self._stream("thinker", job) as outputs:
+                async for out in outputs:
+                    if out.transcript is not None:
+                        await self._emit(Transcript(turn.turn_id, out.transcript))
+                    embeds = self._take("thinker", out.embeds)
+                    self._usage["thinker_tokens"] += len(out.token_ids)
+                    if not out.text and not out.token_ids:
+                        continue
+                    if out.text:
+                        self._reply.append(out.text)
+                        self._mark("first_text_s")
+                        await self._emit(TextDelta(turn.turn_id, out.text))
+                    if chunk := chunker.feed(Piece(out.text, tuple(out.token_ids), embeds)):
+                        await chunks.put(chunk)
+            if chunk := chunker.flush():
+                await chunks.put(chunk)
+        finally:
+            release_quietly(self.pool, audio)
+            chunks.close()
+
+    async def _talk(self, chunks: Channel[Chunk], groups: Channel[Group]) -> None:
+        """Voice each chunk in order; the speech tokens so far are the next chunk's context."""
+        cascade, spoken = self.settings.cascade, []
+        try:
+            async for chunk in chunks:
+                self._usage["chunks"] += 1
+                embeds = None
+                try:
+                    if chunk.embeds is not None:
+                        embeds = await self.pool.put(chunk.embeds.astype(np.float32, copy=False),
+                                                     self.settings.pool.put_timeout_s)
+                    context = spoken[-cascade.context_tokens:] if cascade.context_tokens else []
+                    job = TalkerJob(self.request_id("talker", chunk.index), chunk.text, embeds,
+                                    context, self.turn.voice,
+                                    cascade.first_group if chunk.index == 0 else cascade.group,
+                                    cascade.group)
+                    async with self._stream("talker", job) as outputs:
+                        index = 0
+                        async for out in outputs:
+                            if out.tokens:
+                                spoken.extend(out.tokens)
+                                await groups.put(Group(chunk, index, list(out.tokens)))
+                                index += 1
+                finally:
+                    release_quietly(self.pool, embeds)
+            self._usage["speech_tokens"] = len(spoken)
+        finally:
+            groups.close()
+
+    async def _voice(self, groups: Channel[Group]) -> None:
+        """Render each group in order and hand its audio to the agent."""
+        async for group in groups:
+            rid = self.request_id("voicebox", f"{group.chunk.index}.{group.index}")
+            job = VoiceBoxJob(rid, group.tokens, self.turn.voice)
+            async with self._stream("voicebox", job) as outputs:
+                async for out in outputs:
+                    pcm = self._take("voicebox", out.pcm)
+                    if pcm is None or not len(pcm):
+                        continue
+                    self._mark("first_audio_s")
+                    self._usage["audio_s"] += len(pcm) / max(out.sample_rate, 1)
+                    chunk = group.chunk
+                    await self._emit(AudioChunk(self.turn.turn_id, pcm, out.sample_rate,
+                                                chunk.text, chunk.start, chunk.end))
+
+    @contextlib.asynccontextmanager
+    async def _stream(self, stage: str, job: Job) -> AsyncIterator[AsyncIterator[Output]]:
+        """Submit `job`, tracking its request id while it is in flight (for cancel).
+
+        A context, so that leaving the loop early ends the request at once, not at GC.
+        """
+        ids = self.in_flight[stage]
+        ids.add(job.request_id)
+        try:
+            async with contextlib.aclosing(self.clients[stage].submit(job)) as outputs:
+                yield outputs
+        finally:
+            ids.discard(job.request_id)
+
+    def _take(self, stage: str, ref: BlockRef | None) -> np.ndarray | None:
+        """Copy a worker's block out and release it at once (no block outlives this call)."""
+        if ref is None:
+            return None
+        try:
+            data = self.pool.view(ref).copy()
+        except StaleBlockError as exc:  # reclaimed: its worker died
+            raise StageFailedError(stage, f"output block lost ({exc})") from None
+        self.pool.release(ref)
+        return data
+
+    def _mark(self, key: str) -> None:
+        if self._usage[key] is None:
+            self._usage[key] = time.monotonic() - self._t0
+
+    async def _emit(self, event: Event) -> None:
+        if not self.cancelled:
+            await self.events.put(event)
+
+
+def _first_pipeline_error(exc: BaseException) -> PipelineError | None:
+    """The first PipelineError in `exc` (an exception group from the stage loops, or not)."""
+    if isinstance(exc, PipelineError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _first_pipeline_error(inner)) is not None:
+                return found
+    return None

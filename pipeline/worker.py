@@ -1,0 +1,273 @@
+"""A stage worker process: hosts one `Stage` and serves its jobs over a zmq ROUTER socket.
+
+Started by the supervisor with the `spawn` context. The worker is its own process group (the
+engine's child processes join it), titles itself `omnivox-<stage>`, attaches the shared pool
+under its own owner tag, starts the stage, binds its socket, says `Ready` and then serves every
+job as an independent task, heartbeating to the supervisor from its event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import setproctitle
+import zmq
+import zmq.asyncio
+
+from pipeline.messages import (
+    Abort,
+    Aborted,
+    Heartbeat,
+    Inspect,
+    InspectReply,
+    Ready,
+    RequestError,
+    StartFailed,
+    client_decoder,
+    encode,
+)
+from pipeline.shm import BlockPool
+from pipeline.stage import Job, Stage, StageContext
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_ABORT_WAIT_S = 1.0  # how long an abort waits for its jobs' tasks to unwind
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs, pickled to it by `spawn`."""
+
+    stage: str
+    family: str
+    endpoint: str  # ipc:// address this worker binds for jobs
+    control_endpoint: str  # the supervisor's socket for Ready / Heartbeat / StartFailed
+    pool_name: str
+    owner: int  # this worker's tag in the pool (reclaimed when it dies)
+    settings: dict[str, Any]
+    models_dir: str
+    parent_pid: int = 0  # set by the supervisor as it spawns the worker
+    heartbeat_s: float = 0.5
+    stop_timeout_s: float = 10.0
+    max_jobs: int = 4096
+    log_level: str = "INFO"
+    nice: int = 10
+
+
+def load_stage_class(family: str, stage: str) -> type[Stage]:
+    """The family's Stage class for `stage`: a family name, or a dotted module with STAGES."""
+    if "." in family:
+        stages = importlib.import_module(family).STAGES
+    else:
+        from pipeline.families import load_family
+
+        stages = load_family(family).STAGES
+    if stage not in stages:
+        raise KeyError(f"family {family!r} has no stage {stage!r} (it has {sorted(stages)})")
+    return stages[stage]
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Process entry point of a stage worker."""
+    os.setsid()  # own process group: the supervisor kills the whole group, engine children too
+    _die_with_parent(spec.parent_pid)
+    setproctitle.setproctitle(f"omnivox-{spec.stage}")
+    # Below the API process in CPU priority (engine children inherit it): the call plane's
+    # 20 ms pacing must not starve behind batch compute when cores are few.
+    os.nice(spec.nice)
+    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s omnivox-{spec.stage} "
+                                                     "%(levelname)s %(name)s: %(message)s")
+    sys.exit(asyncio.run(_run(spec)))
+
+
+def _kill_own_group(*_: object) -> None:
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """When the API process dies, take this worker's whole group (engine children) down too."""
+    signal.signal(signal.SIGHUP, _kill_own_group)  # after setsid no terminal ever sends SIGHUP
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGHUP, 0, 0, 0) != 0:
+        logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    if os.getppid() != parent_pid:  # the parent died before the guard was armed
+        _kill_own_group()
+
+
+async def _run(spec: WorkerSpec) -> int:
+    """Start the stage and serve until SIGTERM; the process exit code."""
+    ctx = zmq.asyncio.Context()
+    control = ctx.socket(zmq.PUSH)
+    control.setsockopt(zmq.LINGER, 2000)  # StartFailed must reach the supervisor before exit
+    control.connect(spec.control_endpoint)
+    try:
+        pool = BlockPool.attach(spec.pool_name, owner=spec.owner)
+        stage = load_stage_class(spec.family, spec.stage)()
+        await stage.start(StageContext(pool, spec.settings, spec.models_dir))
+    except Exception as exc:  # any start failure is reported, with its reason, then fatal
+        logger.exception("stage %s failed to start", spec.stage)
+        await control.send(encode(StartFailed(spec.stage, os.getpid(), _describe(exc))))
+        control.close()
+        ctx.term()
+        return 1
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or vanished client is an error, not a drop
+    router.bind(spec.endpoint)
+    server = JobServer(spec, stage, router, control)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await control.send(encode(Ready(spec.stage, os.getpid())))
+    logger.info("stage %s ready on %s", spec.stage, spec.endpoint)
+    try:
+        await server.serve(stop)
+    finally:
+        await server.shutdown()
+        router.close()
+        control.close(linger=0)
+        ctx.term()
+        pool.close()
+    return 0
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class JobServer:
+    """The worker's job loop: each job an independent task; abort, inspect and heartbeats."""
+
+    def __init__(self, spec: WorkerSpec, stage: Stage, router: zmq.asyncio.Socket,
+                 control: zmq.asyncio.Socket) -> None:
+        self.spec, self.stage, self.router, self.control = spec, stage, router, control
+        self.jobs: dict[str, asyncio.Task[None]] = {}
+        self._chores: set[asyncio.Task[None]] = set()
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Receive and dispatch messages until `stop` is set (or the receive loop breaks)."""
+        loops = [asyncio.create_task(self._receive()), asyncio.create_task(self._heartbeat())]
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait([stopped, *loops], return_when=asyncio.FIRST_COMPLETED)
+            for task in loops:
+                if task.done():
+                    task.result()  # a broken loop ends the worker: the supervisor restarts it
+        finally:
+            for task in [stopped, *loops]:
+                task.cancel()
+
+    async def _receive(self) -> None:
+        while True:
+            identity, payload = await self.router.recv_multipart()
+            self._dispatch(identity, payload)
+
+    async def shutdown(self) -> None:
+        """Drop every job and stop the stage (bounded by the stop timeout)."""
+        for task in [*self.jobs.values(), *self._chores]:
+            task.cancel()
+        try:
+            async with asyncio.timeout(self.spec.stop_timeout_s):
+                await self.stage.stop()
+        except Exception:
+            logger.exception("stage %s did not stop cleanly", self.spec.stage)
+
+    def _dispatch(self, identity: bytes, payload: bytes) -> None:
+        try:
+            msg = client_decoder.decode(payload)
+        except msgspec.DecodeError as exc:
+            self._reject(identity, payload, exc)
+            return
+        if isinstance(msg, Abort):
+            self._chore(self._abort(identity, msg))
+        elif isinstance(msg, Inspect):
+            reply = InspectReply(msg.ack, list(self.stage.active_request_ids()), list(self.jobs))
+            self._chore(self._send(identity, reply))
+        elif msg.request_id in self.jobs:
+            self._chore(self._send(identity, RequestError(
+                msg.request_id, "ValueError", "a job with this request id is already running")))
+        elif len(self.jobs) >= self.spec.max_jobs:
+            self._chore(self._send(identity, RequestError(
+                msg.request_id, "PipelineBusyError", f"{self.spec.max_jobs} jobs already running")))
+        else:
+            self.jobs[msg.request_id] = asyncio.create_task(self._run_job(identity, msg))
+
+    def _reject(self, identity: bytes, payload: bytes, exc: Exception) -> None:
+        """A malformed job still ends its request (the client would wait for it otherwise)."""
+        try:
+            rid = msgspec.msgpack.decode(payload).get("request_id")
+        except Exception:
+            rid = None
+        logger.error("dropped a malformed message (request %s): %s", rid, exc)
+        if isinstance(rid, str):
+            self._chore(self._send(identity, RequestError(rid, "ValidationError", str(exc))))
+
+    def _chore(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    async def _run_job(self, identity: bytes, job: Job) -> None:
+        finished = False
+        try:
+            async for output in self.stage.stream(job):
+                await self.router.send_multipart([identity, encode(output)])
+                finished = output.finished
+            if not finished:  # a stage broke the contract: its client must not wait forever
+                raise RuntimeError(f"stage {self.spec.stage} ended {job.request_id} without a "
+                                   f"finished output")
+        except asyncio.CancelledError:
+            raise
+        except zmq.ZMQError as exc:  # the client is gone: nobody wants the rest
+            logger.warning("%s: client unreachable (%s); aborting", job.request_id, exc)
+            await self.stage.abort([job.request_id])
+        except Exception as exc:
+            logger.exception("%s failed", job.request_id)
+            await self._send(identity, RequestError(job.request_id, type(exc).__name__, str(exc)))
+        finally:
+            self.jobs.pop(job.request_id, None)
+
+    async def _abort(self, identity: bytes, msg: Abort) -> None:
+        """Abort in the engine, drop the jobs' tasks, and only then acknowledge."""
+        began = time.perf_counter()
+        tasks = [self.jobs[i] for i in msg.request_ids if i in self.jobs]
+        try:
+            await self.stage.abort(msg.request_ids)
+        except Exception:
+            logger.exception("stage %s: abort of %s failed", self.spec.stage, msg.request_ids)
+        aborted = time.perf_counter()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_ABORT_WAIT_S)
+        logger.debug("abort of %d requests (%d jobs): engine %.1f ms, jobs %.1f ms",
+                    len(msg.request_ids), len(tasks), (aborted - began) * 1e3,
+                    (time.perf_counter() - aborted) * 1e3)
+        if msg.ack:
+            await self._send(identity, Aborted(msg.ack))
+
+    async def _send(self, identity: bytes, msg: Any) -> None:
+        try:
+            await self.router.send_multipart([identity, encode(msg)])
+        except zmq.ZMQError as exc:
+            logger.warning("reply to a vanished client dropped: %s", exc)
+
+    async def _heartbeat(self) -> None:
+        """Beat from the event loop itself, so a blocked loop reads as a hung worker."""
+        pid = os.getpid()
+        while True:
+            beat = encode(Heartbeat(self.spec.stage, pid, len(self.jobs)))
+            with contextlib.suppress(zmq.Again):  # the supervisor is busy: the next beat will do
+                await self.control.send(beat, flags=zmq.NOBLOCK)
+            await asyncio.sleep(self.spec.heartbeat_s)

@@ -1,0 +1,133 @@
+"""A test-only model family: trivial deterministic stages, to test the stage runtime itself.
+
+The thing under test is the runtime (processes, supervision, transport, cancel), not a model:
+these stages do cheap, predictable work with the real pool and real worker processes.
+Settings (per stage, from the profile) steer failures: `fail_start` (reason), `engine_child`
+(spawn a long-lived child process, as a vLLM engine does), `hold_blocks` (pool blocks kept
+while running), `start_delay_s` (a slow start), `token_s` (delay per output).
+A Thinker message containing "HANG" blocks the worker's event loop (a hung worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from pipeline.stage import (
+    Job,
+    Output,
+    Stage,
+    StageContext,
+    TalkerOutput,
+    ThinkerOutput,
+    VoiceBoxOutput,
+)
+
+WORDS = ("Hello", "there,", "this", "is", "a", "test", "reply.", "It", "has", "clauses,",
+         "words", "and", "sentences;", "enough", "to", "cut", "chunks.")
+HIDDEN = 8
+SAMPLE_RATE = 16_000
+SAMPLES_PER_TOKEN = 160
+
+
+def reply_words(n: int) -> list[str]:
+    """The fake Thinker's reply: n words, deterministic."""
+    return [WORDS[i % len(WORDS)] for i in range(n)]
+
+
+class _FakeStage(Stage):
+    """Shared plumbing: settings, the request ids this fake 'engine' holds, abort."""
+
+    def __init__(self) -> None:
+        self.active: dict[str, asyncio.Event] = {}  # request id -> aborted
+        self.child: subprocess.Popen[bytes] | None = None
+
+    async def start(self, ctx: StageContext) -> None:
+        self.pool, self.settings = ctx.pool, ctx.settings
+        await asyncio.sleep(self.settings.get("start_delay_s", 0.0))  # as a slow engine load
+        if reason := self.settings.get("fail_start"):
+            raise RuntimeError(reason)
+        # Blocks this 'engine' keeps for its lifetime: only a reclaim frees them if it dies.
+        self.kept = [await ctx.pool.put(np.zeros(16, np.float32), 1.0)
+                     for _ in range(self.settings.get("hold_blocks", 0))]
+        if self.settings.get("engine_child"):
+            self.child = subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(3600)"])
+
+    async def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            if rid in self.active:
+                self.active[rid].set()
+
+    def active_request_ids(self) -> list[str]:
+        return list(self.active)
+
+    async def stop(self) -> None:
+        if self.child is not None:
+            self.child.kill()
+            self.child.wait()
+
+    async def _steps(self, rid: str, n: int) -> AsyncIterator[int]:
+        """Yield 0..n-1 at the configured pace while the request is not aborted."""
+        aborted = self.active[rid] = asyncio.Event()
+        try:
+            for i in range(n):
+                if aborted.is_set():
+                    return
+                await asyncio.sleep(self.settings.get("token_s", 0.0))
+                yield i
+        finally:
+            del self.active[rid]
+
+
+class FakeThinker(_FakeStage):
+    name = "thinker"
+
+    async def stream(self, job: Job) -> AsyncIterator[Output]:
+        if any("HANG" in m["content"] for m in job.messages):
+            time.sleep(3600)  # blocks the event loop on purpose: heartbeats stop
+        if job.audio is not None:
+            samples = self.pool.view(job.audio)
+            yield ThinkerOutput(job.request_id, transcript=f"<{len(samples)} samples>")
+        words = reply_words(job.max_tokens)
+        async for i in self._steps(job.request_id, len(words)):
+            embeds = await self.pool.put(np.full((1, HIDDEN), i, np.float32), 1.0)
+            text = words[i] if i == 0 else " " + words[i]
+            yield ThinkerOutput(job.request_id, text=text, token_ids=[i], embeds=embeds)
+        yield ThinkerOutput(job.request_id, finished=True, finish_reason="length")
+
+
+class FakeTalker(_FakeStage):
+    name = "talker"
+
+    async def stream(self, job: Job) -> AsyncIterator[Output]:
+        if job.text_embeds is not None:
+            assert self.pool.view(job.text_embeds).shape[1] == HIDDEN
+        tokens = [ord(c) for c in job.text]
+        size, group = job.first_group, []
+        async for i in self._steps(job.request_id, len(tokens)):
+            group.append(tokens[i])
+            if len(group) == size:
+                yield TalkerOutput(job.request_id, tokens=group)
+                size, group = job.group, []
+        yield TalkerOutput(job.request_id, tokens=group, finished=True, finish_reason="stop")
+
+
+class FakeVoiceBox(_FakeStage):
+    name = "voicebox"
+
+    async def stream(self, job: Job) -> AsyncIterator[Output]:
+        async for _ in self._steps(job.request_id, 1):
+            pcm = np.repeat(np.asarray(job.tokens, np.int16), SAMPLES_PER_TOKEN)
+            ref = await self.pool.put(pcm, 1.0)
+            yield VoiceBoxOutput(job.request_id, pcm=ref, sample_rate=SAMPLE_RATE)
+        yield VoiceBoxOutput(job.request_id, finished=True)
+
+
+STAGES: dict[str, Any] = {"thinker": FakeThinker, "talker": FakeTalker, "voicebox": FakeVoiceBox}

@@ -1,0 +1,56 @@
+"""The cascade's clause chunker: where Thinker text is cut into Talker chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.cascade import Chunk, ClauseChunker, Piece
+
+
+def chunk_all(pieces: list[str], **kw) -> list[Chunk]:
+    chunker, chunks = ClauseChunker(**kw), []
+    for i, text in enumerate(pieces):
+        embeds = np.full((1, 4), i, np.float32)
+        if chunk := chunker.feed(Piece(text, (i,), embeds)):
+            chunks.append(chunk)
+    if last := chunker.flush():
+        chunks.append(last)
+    return chunks
+
+
+def test_first_chunk_is_short_and_later_ones_end_at_clauses() -> None:
+    pieces = ["Sure", ",", " the", " library", " opens", " at", " nine", " in", " the",
+              " morning", ",", " and", " closes", " at", " five", ".", " Anything", " else", "?"]
+    chunks = chunk_all(pieces, first_chars=16, min_chars=24, max_chars=160)
+    assert [c.text for c in chunks] == [
+        "Sure,", " the library opens at nine in the morning,",
+        " and closes at five. Anything else?"]  # " and closes at five." is under min_chars
+    assert chunks[1].token_ids == tuple(range(2, 11))
+    assert chunks[1].embeds[:, 0].tolist() == list(range(2, 11))  # its own tokens' rows
+
+
+def test_no_cut_inside_numbers_and_a_long_clause_is_cut_at_a_word() -> None:
+    chunks = chunk_all(["It", " costs", " 3", ".", "5", " euros", " today"] + [" word"] * 40,
+                       first_chars=20, min_chars=10, max_chars=30)
+    assert chunks[0].text.startswith("It costs 3.5 euros")
+    assert all(len(c.text) <= 30 + len(" word") for c in chunks)
+
+
+def test_whitespace_alone_is_never_a_chunk() -> None:
+    chunks = chunk_all(["\n"] * 5 + ["Hi", "."])
+    assert [c.text for c in chunks] == ["\n\n\n\n\nHi."]
+
+
+@given(st.lists(st.text(alphabet="ab .,!\n", min_size=1, max_size=6), max_size=60))
+def test_chunks_tile_the_reply(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    chunks = chunk_all(pieces, first_chars=4, min_chars=6, max_chars=12)
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    position = 0
+    for chunk in chunks:
+        assert chunk.start == position and text[chunk.start:chunk.end] == chunk.text
+        assert chunk.text.strip()
+        position = chunk.end
+    assert not text[position:].strip()  # only trailing whitespace is left unvoiced

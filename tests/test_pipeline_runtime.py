@@ -1,0 +1,269 @@
+"""The stage runtime with real worker processes, a real pool and zmq, over a test-only family.
+
+tests/fake_family does trivial deterministic work, so these tests exercise the runtime itself:
+process titles and groups, the cascade, cancel, supervision (kill -9, hangs, failed starts),
+block reclaim and several clients on one worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from pipeline.client import StageClient
+from pipeline.errors import RequestFailedError, StageFailedError
+from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
+from pipeline.orchestrator import Pipeline
+from pipeline.stage import ThinkerJob
+from pipeline.supervisor import StageState
+from tests.fake_family import HIDDEN, SAMPLES_PER_TOKEN, reply_words
+
+FAMILY = "tests.fake_family"
+REPO = Path(__file__).resolve().parent.parent
+KEPT_BLOCKS = 2  # the fake Thinker holds these for its lifetime
+
+
+def settings(**stages: dict) -> dict:
+    return {
+        "family": FAMILY,
+        "stages": {"thinker": {"token_s": 0.004, "hold_blocks": KEPT_BLOCKS},
+                   "talker": {"token_s": 0.0005, "engine_child": True},
+                   "voicebox": {"start_delay_s": 1.2},  # a start longer than the heartbeat timeout
+                   **stages},
+        "pool": {"block_count": 64, "block_size": 1 << 16},
+        "restart": {"max_attempts": 2, "backoff_s": 0.05, "heartbeat_s": 0.05,
+                    "heartbeat_timeout_s": 1.0, "stop_timeout_s": 2.0},
+    }
+
+
+@pytest.fixture(scope="module")
+async def pipeline() -> AsyncIterator[Pipeline]:
+    async with Pipeline(settings()) as pipe:
+        assert pipe.health().ready, pipe.health()
+        yield pipe
+
+
+def turn(turn_id: str, words: int = 20, **kw) -> Turn:
+    return Turn(turn_id, [{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": kw.pop("say", "hi")}], max_tokens=words, **kw)
+
+
+async def collect(pipe: Pipeline, t: Turn, **kw) -> list:
+    return [event async for event in pipe.respond(t, **kw)]
+
+
+async def until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def ready_again(pipe: Pipeline, stage: str, old_pid: int) -> None:
+    def restarted() -> bool:
+        status = pipe.health().stages[stage]
+        return status.state == StageState.READY and status.pid not in (None, old_pid)
+
+    await until(restarted, what=f"{stage} restarted")
+
+
+async def test_workers_have_proctitles_and_own_process_groups(pipeline: Pipeline) -> None:
+    for stage, status in pipeline.health().stages.items():
+        assert status.restarts == 0, status  # a slow start is not mistaken for a hang
+        cmdline = Path(f"/proc/{status.pid}/cmdline").read_bytes()
+        assert cmdline.split(b"\0")[0] == f"omnivox-{stage}".encode()
+        assert os.getpgid(status.pid) == status.pid  # a group of its own: killed as a whole
+
+
+async def test_turn_streams_text_and_audio_with_spans(pipeline: Pipeline) -> None:
+    audio = (np.arange(8000) % 100).astype(np.int16)
+    events = await collect(pipeline, turn("spans", 20, audio=audio))
+    done = events[-1]
+    assert isinstance(done, TurnDone), events[-1]
+    assert [e.text for e in events if isinstance(e, Transcript)] == ["<8000 samples>"]
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == done.text == " ".join(reply_words(20))
+    chunks = [e for e in events if isinstance(e, AudioChunk)]
+    spans = sorted({(c.text_start, c.text_end, c.text) for c in chunks})
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    for (start, end, chunk_text), following in zip(spans, [*spans[1:], None], strict=True):
+        assert text[start:end] == chunk_text
+        assert following is None or following[0] == end  # chunks tile the reply
+    assert len(spans[0][2]) <= 16, "the first chunk is short"
+    # The fake voice renders each speech token (a char of the chunk) as 160 equal samples.
+    voiced = "".join(chr(int(v)) for c in chunks for v in c.pcm[::SAMPLES_PER_TOKEN])
+    assert voiced == text
+    assert done.usage["first_audio_s"] < done.usage["elapsed_s"]
+    await until(lambda: pipeline.pool.in_use == KEPT_BLOCKS, what="every block released")
+
+
+async def test_concurrent_turns_get_their_own_outputs(pipeline: Pipeline) -> None:
+    sizes = [5 + 3 * i for i in range(8)]
+    results = await asyncio.gather(*(collect(pipeline, turn(f"conc{i}", n))
+                                     for i, n in enumerate(sizes)))
+    for i, (events, n) in enumerate(zip(results, sizes, strict=True)):
+        assert all(e.turn_id == f"conc{i}" for e in events)
+        assert isinstance(events[-1], TurnDone)
+        assert events[-1].text == " ".join(reply_words(n))
+        assert sum(len(e.pcm) for e in events if isinstance(e, AudioChunk)) == (
+            len(events[-1].text) * SAMPLES_PER_TOKEN)
+
+
+async def test_sequential_mode_renders_audio_after_the_whole_text(pipeline: Pipeline) -> None:
+    events = await collect(pipeline, turn("seq", 30), overlap=False)
+    kinds = [type(e) for e in events]
+    assert kinds[-1] is TurnDone
+    assert kinds.index(AudioChunk) > max(i for i, k in enumerate(kinds) if k is TextDelta)
+    cascade = await collect(pipeline, turn("casc", 30))
+    kinds = [type(e) for e in cascade]
+    assert kinds.index(AudioChunk) < max(i for i, k in enumerate(kinds) if k is TextDelta)
+
+
+async def test_cancel_mid_turn_stops_events_and_leaves_no_request(pipeline: Pipeline) -> None:
+    events = pipeline.respond(turn("cancelme", 400))
+    async for event in events:
+        if isinstance(event, AudioChunk):
+            break
+    started = time.perf_counter()
+    assert await pipeline.cancel("cancelme")
+    latency = time.perf_counter() - started
+    print(f"\ncancel latency (fake family): {latency * 1000:.2f} ms")
+    assert [e async for e in events] == []  # nothing more of that turn
+    held = await pipeline.active_requests()
+    assert set(held) == {"thinker", "talker", "voicebox"}
+    for reply in held.values():
+        assert not [r for r in reply.engine_ids + reply.serving_ids if "/cancelme/" in r]
+    assert not await pipeline.cancel("cancelme")
+    await until(lambda: pipeline.pool.in_use == KEPT_BLOCKS, what="every block released")
+
+
+async def test_kill_worker_mid_turn_fails_turn_then_restarts(pipeline: Pipeline) -> None:
+    for victim in ("thinker", "talker"):
+        status = pipeline.health().stages[victim]
+        engine_children = psutil.Process(status.pid).children(recursive=True)
+        assert engine_children or victim == "thinker"
+        events = pipeline.respond(turn(f"kill-{victim}", 400, audio=np.zeros(1600, np.int16)))
+        async for event in events:
+            if isinstance(event, AudioChunk):
+                break
+        os.kill(status.pid, signal.SIGKILL)
+        rest = [e async for e in events]
+        assert isinstance(rest[-1], TurnFailed), rest[-1:]
+        assert isinstance(rest[-1].error, StageFailedError)
+        assert rest[-1].error.stage == victim
+        await ready_again(pipeline, victim, status.pid)
+        assert pipeline.health().stages[victim].restarts >= 1
+        for child in engine_children:  # no orphaned engine process
+            assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+        # The dead Thinker's kept blocks were reclaimed: only the new one's remain.
+        await until(lambda: pipeline.pool.in_use == KEPT_BLOCKS, what="dead worker's blocks")
+        events = await collect(pipeline, turn(f"after-{victim}", 10))
+        assert isinstance(events[-1], TurnDone) and events[-1].text == " ".join(reply_words(10))
+
+
+async def test_hung_worker_is_killed_and_replaced(pipeline: Pipeline) -> None:
+    old = pipeline.health().stages["thinker"].pid
+    events = await collect(pipeline, turn("hang", 10, say="HANG please"))
+    assert isinstance(events[-1], TurnFailed)
+    assert "heartbeat" in events[-1].error.reason
+    await ready_again(pipeline, "thinker", old)
+    assert not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE
+    assert isinstance((await collect(pipeline, turn("after-hang", 5)))[-1], TurnDone)
+
+
+async def test_second_client_shares_the_worker(pipeline: Pipeline) -> None:
+    endpoint = pipeline._clients["thinker"].endpoint
+    other = StageClient("thinker", endpoint, pipeline.pool)
+    other.connect()
+    try:
+        job = ThinkerJob("other/1/thinker/0", [{"role": "user", "content": "x"}], max_tokens=6)
+        direct, via_pipeline = await asyncio.gather(
+            _texts(other, job), collect(pipeline, turn("shared", 12)))
+        assert "".join(direct) == " ".join(reply_words(6))
+        assert via_pipeline[-1].text == " ".join(reply_words(12))
+    finally:
+        await other.close()
+
+
+async def test_malformed_job_fails_its_request_instead_of_hanging(pipeline: Pipeline) -> None:
+    client = pipeline._clients["thinker"]
+    job = ThinkerJob("bad/1/thinker/0", [{"role": "user", "content": 42}])  # not a str
+    with pytest.raises(RequestFailedError, match="ValidationError"):
+        await _texts(client, job)
+
+
+async def _texts(client: StageClient, job: ThinkerJob) -> list[str]:
+    texts = []
+    async for out in client.submit(job):
+        texts.append(out.text)
+        if out.embeds is not None:
+            assert client.pool.view(out.embeds).shape == (1, HIDDEN)
+            client.pool.release(out.embeds)
+    return texts
+
+
+API_PROCESS = """
+import asyncio, json, os, sys
+import psutil
+from pipeline.orchestrator import Pipeline
+from tests.test_pipeline_runtime import settings
+
+async def main():
+    pipe = Pipeline(settings())
+    await pipe.start()
+    pids = [s.pid for s in pipe.health().stages.values()]
+    pids += [c.pid for p in pids for c in psutil.Process(p).children(recursive=True)]
+    with open(sys.argv[1] + ".part", "w") as out:
+        json.dump(pids, out)
+    os.rename(sys.argv[1] + ".part", sys.argv[1])
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_workers_and_engine_children_die_with_the_api_process(tmp_path: Path) -> None:
+    report = tmp_path / "pids.json"  # a file, not a pipe: survivors would hold a pipe open
+    api = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", API_PROCESS, str(report), cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        await until(report.exists, timeout=60, what="the API process's pipeline")
+        pids = json.loads(report.read_text())
+        assert len(pids) == 4  # three workers and the talker's 'engine' child
+        procs = [psutil.Process(pid) for pid in pids]
+    finally:
+        api.kill()  # SIGKILL: no stop(), no atexit; only the workers' parent-death guard
+        await api.wait()
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_stage_failing_at_start_is_retried_then_marked_failed() -> None:
+    pipe = Pipeline(settings(voicebox={"fail_start": "no voice weights in /nowhere"}))
+    try:
+        await pipe.start()
+        health = pipe.health()
+        assert not health.ready
+        voicebox = health.stages["voicebox"]
+        assert voicebox.state == StageState.FAILED
+        assert "no voice weights in /nowhere" in voicebox.reason
+        assert voicebox.restarts == 1  # max_attempts=2: one retry
+        assert health.stages["thinker"].state == StageState.READY
+        events = await collect(pipe, turn("refused", 5))
+        assert len(events) == 1 and isinstance(events[0].error, StageFailedError)
+        assert events[0].error.stage == "voicebox"
+    finally:
+        with contextlib.suppress(Exception):
+            await pipe.stop()

