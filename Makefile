@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.omnivox-setup
 HOST ?= 127.0.0.1
 PORT ?= 8000
-PROFILE ?= tiny
+PROFILE ?= local
 PYTEST_ARGS ?=
 
 # vLLM flavour: the CUDA build where an NVIDIA driver answers, the CPU build elsewhere.

@@ -43,7 +43,7 @@ class Settings(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = 8000
-    profile: str = "tiny"
+    profile: str = "local"
     data_dir: Path = REPO_ROOT / "data"
     models_dir: Path = REPO_ROOT / "models"
     web_dir: Path = REPO_ROOT / "web"

@@ -16,10 +16,11 @@ def session_object(
     *,
     interrupt: bool,
     create_response: bool,
+    max_output_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The session as `session.created` / `session.updated` carry it."""
     pcm = {"type": "audio/pcm", "rate": 24000}
-    return {
+    session: dict[str, Any] = {
         "type": "realtime",
         "object": "realtime.session",
         "id": session_id,
@@ -41,6 +42,9 @@ def session_object(
             "output": {"format": pcm, "voice": voice},
         },
     }
+    if max_output_tokens is not None:
+        session["max_output_tokens"] = max_output_tokens
+    return session
 
 
 def user_audio_item(item_id: str, transcript: str | None) -> dict[str, Any]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
-from dataclasses import dataclass, field
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -16,43 +15,15 @@ from agent import payloads
 from agent.call import Call
 from agent.client_events import ClientEventDispatch
 from agent.config import ConversationSettings
-from agent.events import error_event, new_id, server_event
-from agent.history import Conversation, SpokenText
+from agent.events import new_id, server_event
+from agent.history import Conversation
+from agent.reply import Reply, State, done_events, reply_event
 from media.vad import SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 
 log = logging.getLogger(__name__)
 BARGE_IN_POLL_S = 0.02  # one VAD frame
-
-
-class State(enum.StrEnum):
-    LISTENING = "listening"
-    THINKING = "thinking"
-    SPEAKING = "speaking"
-
-
-@dataclass
-class Reply:
-    """One response in flight: its ids, text so far, and the audio it queued."""
-
-    response_id: str
-    item_id: str
-    turn_id: str
-    user_item_id: str | None
-    text: str = ""
-    spoken: SpokenText = field(default_factory=SpokenText)
-    audio_base_ms: int | None = None  # call's played_ms at which this reply's audio begins
-    started_at: float = 0.0
-    first_audio_at: float | None = None
-    task: asyncio.Task[None] | None = None
-    finished: bool = False
-    audio_state: str = "idle"  # idle -> started -> stopped (the output audio buffer's events)
-    underruns: int = 0  # the queue ran dry mid-reply (the next chunk came late)
-
-    def played_ms(self, call_played_ms: int) -> int:
-        if self.audio_base_ms is None:
-            return 0
-        return max(0, min(call_played_ms - self.audio_base_ms, self.spoken.total_ms))
+UNANSWERED_MAX = 4  # committed utterances kept for the next reply (create_response=false)
 
 
 class Session(ClientEventDispatch):
@@ -69,6 +40,8 @@ class Session(ClientEventDispatch):
         self._barge_in_watch: asyncio.Task[None] | None = None
         self._turns = 0
         self._flushing = False
+        # The caller's committed utterances that no reply has heard yet (audio, not history).
+        self._unanswered: deque[tuple[str, np.ndarray]] = deque(maxlen=UNANSWERED_MAX)
         call.outbound.on_playing_changed = self._on_playing_changed
 
     def session_object(self) -> dict[str, Any]:
@@ -81,7 +54,13 @@ class Session(ClientEventDispatch):
             self.call.vad.config,
             interrupt=s.barge_in,
             create_response=s.create_response,
+            max_output_tokens=s.max_reply_tokens,
         )
+
+    @property
+    def last_reply(self) -> Reply | None:
+        """The reply in flight, else the last one that ended."""
+        return self.reply or self._last_reply
 
     # -- caller speech ------------------------------------------------------------------
 
@@ -121,8 +100,9 @@ class Session(ClientEventDispatch):
         self.call.send_event(
             server_event("conversation.item.created", item=payloads.user_audio_item(item_id, None))
         )
+        self._unanswered.append((item_id, event.pcm))
         if self.settings.create_response:
-            self.start_reply(audio=event.pcm, user_item_id=item_id)
+            self.start_reply()
 
     def _in_echo_guard(self, reply: Reply) -> bool:
         guard = self.settings.echo_guard_ms
@@ -136,19 +116,20 @@ class Session(ClientEventDispatch):
         while vad.in_speech and self.audible_reply() is reply:
             if vad.voiced_ms >= self.settings.barge_in_min_ms:
                 log.info("call %s: barge-in after %d ms of speech", self.call.id, vad.voiced_ms)
-                await self.interrupt("turn_detected")
+                self.interrupt("turn_detected")
                 return
             await asyncio.sleep(BARGE_IN_POLL_S)
 
-    async def interrupt(self, reason: str) -> bool:
+    def interrupt(self, reason: str, audio_end_ms: int | None = None) -> bool:
         """Silence whatever the caller hears now: cancel a reply still generating, or cut the
-        played-out tail of a finished one (its history entry keeps only what was heard)."""
+        played-out tail of a finished one (its history entry keeps only what was heard, or the
+        first `audio_end_ms` when the client says how much it heard)."""
         if self.reply is not None:
-            return await self.cancel_reply(reason)
+            return self.cancel_reply(reason, audio_end_ms)
         reply = self.audible_reply()
         if reply is None:
             return False
-        self._silence(reply)
+        self._silence(reply, audio_end_ms)
         item = self.conversation.get(reply.item_id)
         if item is not None:
             item.text = self._heard(reply)
@@ -160,8 +141,10 @@ class Session(ClientEventDispatch):
 
     # -- replies --------------------------------------------------------------------------
 
-    def start_reply(self, audio: np.ndarray | None, user_item_id: str | None) -> Reply:
-        """Start a response to the conversation so far (plus the caller's audio, if any)."""
+    def start_reply(self) -> Reply:
+        """Start a response to the conversation so far, hearing the caller's committed
+        utterances that no reply has heard yet."""
+        audio, user_item_id = self._take_unanswered()
         self._turns += 1
         reply = Reply(
             response_id=new_id("resp"),
@@ -200,6 +183,16 @@ class Session(ClientEventDispatch):
         reply.task = asyncio.ensure_future(self._run(reply, turn))
         return reply
 
+    def _take_unanswered(self) -> tuple[np.ndarray | None, str | None]:
+        """The unanswered utterances as one audio, and the item the transcript belongs to."""
+        if not self._unanswered:
+            return None, None
+        items = list(self._unanswered)
+        self._unanswered.clear()
+        if len(items) == 1:
+            return items[0][1], items[0][0]
+        return np.concatenate([pcm for _, pcm in items]), items[-1][0]
+
     async def _run(self, reply: Reply, turn: Turn) -> None:
         try:
             async for event in self.pipeline.respond(turn):
@@ -216,7 +209,7 @@ class Session(ClientEventDispatch):
         if isinstance(event, TextDelta):
             reply.text += event.text
             self.call.send_event(
-                self._reply_event(reply, "response.output_audio_transcript.delta", delta=event.text)
+                reply_event(reply, "response.output_audio_transcript.delta", delta=event.text)
             )
         elif isinstance(event, AudioChunk):
             await self._play(reply, event)
@@ -224,6 +217,7 @@ class Session(ClientEventDispatch):
             self._user_transcript(reply, event.text)
         elif isinstance(event, TurnDone):
             reply.text = event.text
+            reply.usage = event.usage
             self._finish(reply, "completed", usage=payloads.usage(event.usage))
         elif isinstance(event, TurnFailed):
             self._finish(reply, "failed", error=str(event.error))
@@ -259,16 +253,6 @@ class Session(ClientEventDispatch):
             )
         )
 
-    def _reply_event(self, reply: Reply, event_type: str, **fields: Any) -> dict[str, Any]:
-        return server_event(
-            event_type,
-            response_id=reply.response_id,
-            item_id=reply.item_id,
-            output_index=0,
-            content_index=0,
-            **fields,
-        )
-
     def _finish(
         self,
         reply: Reply,
@@ -286,71 +270,53 @@ class Session(ClientEventDispatch):
         item = self.conversation.get(reply.item_id)
         if item is not None:
             item.text = transcript
-        if error:
-            self.call.send_event(
-                error_event(error, code="response_failed", error_type="server_error")
-            )
-        if status == "completed":
-            self.call.send_event(
-                self._reply_event(
-                    reply, "response.output_audio_transcript.done", transcript=transcript
-                )
-            )
-            self.call.send_event(self._reply_event(reply, "response.output_audio.done"))
-        done_item = payloads.assistant_item(
-            reply.item_id, transcript, "completed" if status == "completed" else "incomplete"
-        )
-        self.call.send_event(
-            server_event(
-                "response.output_item.done",
-                response_id=reply.response_id,
-                output_index=0,
-                item=done_item,
-            )
-        )
-        body = payloads.response(
-            reply.response_id,
-            status,
-            [done_item],
-            usage=usage,
-            reason=reason,
-            error={"type": "server_error", "message": error} if error else None,
-        )
-        self.call.send_event(server_event("response.done", response=body))
-        self._last_reply = reply
+        for event in done_events(reply, status, transcript, usage, error, reason):
+            self.call.send_event(event)
+        # A cancelled reply finishes after its aborts: by then a newer one may have ended.
+        if self._last_reply is None or self._last_reply.started_at <= reply.started_at:
+            self._last_reply = reply
         if self.reply is reply:
             self.reply = None
             self.state = State.SPEAKING if self.call.outbound.playing else State.LISTENING
         if status == "completed" and not self.call.outbound.playing:
             self._audio_stopped(reply)
 
-    async def cancel_reply(self, reason: str = "client_cancelled") -> bool:
-        """Stop the reply now: abort its requests, silence the call, keep what was heard."""
+    def cancel_reply(
+        self, reason: str = "client_cancelled", audio_end_ms: int | None = None
+    ) -> bool:
+        """Stop the reply in flight. The call goes silent and the reply is detached before this
+        returns, so the next client event already finds no active response; a call task then
+        aborts its requests and sends response.done (the engines hold nothing of it by then)."""
         reply = self.reply
         if reply is None:
             return False
         self.reply = None
+        self.state = State.LISTENING
+        self._silence(reply, audio_end_ms)
+        self.call.spawn(self._abort(reply, reason))
+        return True
+
+    async def _abort(self, reply: Reply, reason: str) -> None:
         await self.pipeline.cancel(reply.turn_id)
         if reply.task is not None and reply.task is not asyncio.current_task():
             reply.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reply.task
-        self._silence(reply)
         self._finish(reply, "cancelled", reason=reason, text=self._heard(reply))
-        self.state = State.LISTENING
-        return True
 
-    def _silence(self, reply: Reply) -> None:
-        """Flush the outbound track and report what the caller heard of `reply`."""
+    def _silence(self, reply: Reply, audio_end_ms: int | None = None) -> None:
+        """Flush the outbound track and report what the caller heard of `reply` (or, when the
+        client says so, its first `audio_end_ms`); from now on that is all it heard."""
         outbound = self.call.outbound
         self._flushing = True  # the flush's playing->False is a clear, not a stop
         try:
             outbound.flush()
         finally:
             self._flushing = False
+        played = reply.played_ms(outbound.played_ms) if audio_end_ms is None else audio_end_ms
+        reply.cut_ms = played
         if reply.audio_base_ms is None:
             return
-        played = reply.played_ms(outbound.played_ms)
         if reply.audio_state == "started":
             reply.audio_state = "cleared"
             self.call.send_event(
@@ -373,21 +339,25 @@ class Session(ClientEventDispatch):
             return
         if playing and reply.audio_state == "idle":
             reply.audio_state = "started"
-            self.call.send_event(server_event("output_audio_buffer.started",
-                                              response_id=reply.response_id))
+            reply.first_frame_at = asyncio.get_running_loop().time()
+            self.call.send_event(
+                server_event("output_audio_buffer.started", response_id=reply.response_id)
+            )
         elif not playing and reply.finished:
             self._audio_stopped(reply)
         elif not playing:
             reply.underruns += 1
-            log.debug("call %s: underrun %d in %s", self.call.id, reply.underruns,
-                      reply.response_id)
+            log.debug(
+                "call %s: underrun %d in %s", self.call.id, reply.underruns, reply.response_id
+            )
 
     def _audio_stopped(self, reply: Reply) -> None:
         if reply.audio_state != "started":
             return
         reply.audio_state = "stopped"
-        self.call.send_event(server_event("output_audio_buffer.stopped",
-                                          response_id=reply.response_id))
+        self.call.send_event(
+            server_event("output_audio_buffer.stopped", response_id=reply.response_id)
+        )
         if self.reply is None:
             self.state = State.LISTENING
 

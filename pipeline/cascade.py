@@ -6,6 +6,11 @@ with whitespace ("3.5" and "e.g" stay whole). The first chunk is short (a fast f
 it ends at the first clause or at the first word past `first_chars`; later chunks end at a
 clause past `min_chars`, or at a word past `max_chars`. Chunks tile the reply exactly:
 reply[chunk.start:chunk.end] == chunk.text.
+
+With `growth`, a later chunk is also cut at a word once it is `growth` times as long as all the
+text before it (never below `min_chars`). For a Thinker that writes only a few times faster
+than speech is spoken, this keeps each chunk's text written and voiced while the audio of the
+text before it plays: waiting for the end of a long clause would leave the caller in silence.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ class Chunk:
 class ClauseChunker:
     """Cuts a stream of pieces into chunks; `feed` each piece, then `flush` the rest."""
 
-    def __init__(self, first_chars: int = 16, min_chars: int = 24, max_chars: int = 160) -> None:
+    def __init__(self, first_chars: int = 16, min_chars: int = 24, max_chars: int = 160,
+                 growth: float | None = None) -> None:
         self.first_chars, self.min_chars, self.max_chars = first_chars, min_chars, max_chars
+        self.growth = growth
         self._pieces: list[Piece] = []
         self._text = ""  # the pending pieces' text
         self._start = 0
@@ -73,7 +80,14 @@ class ClauseChunker:
             return clause or (word_break and len(text) >= self.first_chars)
         if clause and len(text) >= self.min_chars:
             return True
-        return (word_break and len(text) >= self.max_chars) or len(text) >= 2 * self.max_chars
+        return (word_break and len(text) >= self._word_cut_chars()) or (
+            len(text) >= 2 * self.max_chars)
+
+    def _word_cut_chars(self) -> int:
+        """The length past which a later chunk is cut at a word, clause or not."""
+        if self.growth is None:
+            return self.max_chars
+        return min(self.max_chars, max(self.min_chars, int(self.growth * self._start)))
 
     def _cut(self) -> Chunk:
         pieces, text = self._pieces, self._text

@@ -37,6 +37,9 @@ class CascadeSettings(BaseModel):
     first_chunk_chars: int = Field(16, ge=1, description="first chunk cut at a word past this")
     min_chunk_chars: int = Field(24, ge=1, description="later chunks end at a clause past this")
     max_chunk_chars: int = Field(160, ge=8, description="cut at a word past this, clause or not")
+    chunk_growth: float | None = Field(
+        None, gt=0, description="also cut a later chunk at a word past this many times the "
+        "text before it (a slow Thinker: no silence while it writes a long clause)")
     first_group: int = Field(4, ge=1, description="speech tokens in the first VoiceBox group")
     group: int = Field(16, ge=1, description="speech tokens in each later group")
     context_tokens: int = Field(256, ge=0, description="earlier speech tokens given the Talker")

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
+import numpy as np
 
 from pipeline.shm import BlockPool, BlockRef
+
+POOL_TIMEOUT_S = 5.0  # how long a stage waits for a free pool block before failing the job
 
 
 class ThinkerJob(msgspec.Struct, frozen=True, tag="thinker_job"):
@@ -89,6 +92,17 @@ class StageContext:
     pool: BlockPool
     settings: dict[str, Any]
     models_dir: str
+
+    @property
+    def pool_timeout_s(self) -> float:
+        """Seconds the stage waits for a free pool block (setting `pool_timeout_s`)."""
+        return float(self.settings.get("pool_timeout_s", POOL_TIMEOUT_S))
+
+    def take(self, ref: BlockRef) -> np.ndarray:
+        """A copy of a block's array, and the block released: how a stage consumes a block."""
+        array = self.pool.view(ref).copy()
+        self.pool.release(ref)
+        return array
 
 
 class Stage(abc.ABC):

@@ -93,8 +93,13 @@ class TurnRun:
         self.cancelled = False
         self.task: asyncio.Task[None] | None = None
         self._reply: list[str] = []
+        # Counts, and seconds since the turn began: when the caller's words were recognised
+        # (audio turns), the first reply text, the first speech tokens and the first PCM
+        # arrived; voicebox_s is the time the VoiceBox requests took (its real-time factor is
+        # voicebox_s / audio_s).
         self._usage: dict[str, Any] = {"thinker_tokens": 0, "speech_tokens": 0, "chunks": 0,
-                                       "audio_s": 0.0, "first_text_s": None,
+                                       "audio_s": 0.0, "voicebox_s": 0.0, "transcript_s": None,
+                                       "first_text_s": None, "first_speech_tokens_s": None,
                                        "first_audio_s": None}
         self._t0 = time.monotonic()
 
@@ -147,7 +152,7 @@ class TurnRun:
         """Stream the Thinker's reply to the agent and cut it into chunks for the Talker."""
         turn, cascade = self.turn, self.settings.cascade
         chunker = ClauseChunker(cascade.first_chunk_chars, cascade.min_chunk_chars,
-                                cascade.max_chunk_chars)
+                                cascade.max_chunk_chars, cascade.chunk_growth)
         audio = None
         try:
             if turn.audio is not None:
@@ -157,6 +162,7 @@ class TurnRun:
             async with self._stream("thinker", job) as outputs:
                 async for out in outputs:
                     if out.transcript is not None:
+                        self._mark("transcript_s")
                         await self._emit(Transcript(turn.turn_id, out.transcript))
                     embeds = self._take("thinker", out.embeds)
                     self._usage["thinker_tokens"] += len(out.token_ids)
@@ -194,6 +200,7 @@ class TurnRun:
                         index = 0
                         async for out in outputs:
                             if out.tokens:
+                                self._mark("first_speech_tokens_s")
                                 spoken.extend(out.tokens)
                                 await groups.put(Group(chunk, index, list(out.tokens)))
                                 index += 1
@@ -208,16 +215,19 @@ class TurnRun:
         async for group in groups:
             rid = self.request_id("voicebox", f"{group.chunk.index}.{group.index}")
             job = VoiceBoxJob(rid, group.tokens, self.turn.voice)
+            waiting_since = time.monotonic()  # the VoiceBox's time, not the agent's
             async with self._stream("voicebox", job) as outputs:
                 async for out in outputs:
                     pcm = self._take("voicebox", out.pcm)
                     if pcm is None or not len(pcm):
                         continue
+                    self._usage["voicebox_s"] += time.monotonic() - waiting_since
                     self._mark("first_audio_s")
                     self._usage["audio_s"] += len(pcm) / max(out.sample_rate, 1)
                     chunk = group.chunk
                     await self._emit(AudioChunk(self.turn.turn_id, pcm, out.sample_rate,
                                                 chunk.text, chunk.start, chunk.end))
+                    waiting_since = time.monotonic()
 
     @contextlib.asynccontextmanager
     async def _stream(self, stage: str, job: Job) -> AsyncIterator[AsyncIterator[Output]]:

@@ -5,48 +5,26 @@ reaches the page, the page shows the turn's latency, and hanging up ends the cal
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from openai.types.realtime import RealtimeServerEvent
-from playwright.async_api import BrowserContext, Page, async_playwright, expect
+from playwright.async_api import BrowserContext, expect
 from pydantic import TypeAdapter
 
 from tests.audio_fixtures import speech_wav
+from tests.chromium import TIMEOUT_MS, chromium, omnivox, page_errors
+from tests.product_calls import wait_until
 from tests.served import Served
 
 pytestmark = [pytest.mark.browser, pytest.mark.asyncio(loop_scope="session")]
 
-CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path("/tmp/omnivox-page.png")
 # The responder's tone has amplitude 0.3 (RMS about 0.21, less 3 dB for Opus's stereo upmix);
 # the page reads linear RMS, and Opus silence is far below this.
 REMOTE_LEVEL_THRESHOLD = 0.05
-TIMEOUT_MS = 20_000
-
-
-def chromium_args(fake_mic: Path) -> list[str]:
-    """Flags for headless Chromium with a fake microphone playing `fake_mic` once."""
-    return [
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={fake_mic}%noloop",
-        "--autoplay-policy=no-user-gesture-required",
-        # Host candidates as plain addresses (aioice cannot resolve mDNS names). Only the last
-        # --disable-features flag counts, and Playwright passes its own before ours.
-        "--disable-features=WebRtcHideLocalIpsWithMdns",
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -66,42 +44,8 @@ async def browser(
     tmp_path_factory: pytest.TempPathFactory, fake_mic: Path
 ) -> AsyncIterator[BrowserContext]:
     """One headless Chromium for the module (each test opens its own page)."""
-    if not CHROMIUM.exists():
-        pytest.skip(f"browser tests need Chromium at {CHROMIUM}")
-    async with async_playwright() as playwright:
-        context = await playwright.chromium.launch_persistent_context(
-            tmp_path_factory.mktemp("chromium") / "profile",
-            executable_path=CHROMIUM,
-            headless=False,  # --headless=new is in the args; Playwright's own adds --mute-audio
-            args=chromium_args(fake_mic),
-            viewport={"width": 1200, "height": 860},
-        )
-        try:
-            yield context
-        finally:
-            await context.close()
-
-
-async def wait_until(condition, timeout_s: float, what: str) -> None:
-    """Poll `condition()` on the test's event loop (which also runs the server)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-def page_errors(page: Page) -> list[str]:
-    """Uncaught exceptions and console errors of the page, collected as they happen."""
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(f"uncaught: {error}"))
-    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-    return errors
-
-
-async def omnivox(page: Page, expression: str):
-    """Read the page's test hook: `expression` is evaluated with `o` = window.omnivox."""
-    return await page.evaluate(f"(() => {{ const o = window.omnivox; return {expression}; }})()")
+    async with chromium(tmp_path_factory.mktemp("chromium") / "profile", fake_mic) as context:
+        yield context
 
 
 async def test_page_calls_hears_the_agent_and_hangs_up(

@@ -38,15 +38,30 @@ def test_no_cut_inside_numbers_and_a_long_clause_is_cut_at_a_word() -> None:
     assert all(len(c.text) <= 30 + len(" word") for c in chunks)
 
 
+def test_with_growth_a_long_clause_waits_no_longer_than_the_text_before_it_allows() -> None:
+    words = ["The", " story", " of", " Romeo", " and", " Juliet", " by", " William",
+             " Shakespeare", " is", " attributed", " to", " a", " French", " playwright", "."]
+    assert len(chunk_all(words, first_chars=16, min_chars=24, max_chars=160)) == 2
+    chunks = chunk_all(words, first_chars=16, min_chars=24, max_chars=160, growth=2.0)
+    assert [c.text for c in chunks] == [
+        "The story of Romeo",  # then at most 2 x 18 = 36 chars (to the word past it)
+        " and Juliet by William Shakespeare is",  # then 2 x 55 = 110: the clause ends first
+        " attributed to a French playwright."]
+    short = chunk_all(["Sure", ",", " the", " library", " opens", " at", " nine", " in"],
+                      first_chars=16, min_chars=24, max_chars=160, growth=2.0)
+    assert [c.text for c in short] == ["Sure,", " the library opens at nine", " in"]
+
+
 def test_whitespace_alone_is_never_a_chunk() -> None:
     chunks = chunk_all(["\n"] * 5 + ["Hi", "."])
     assert [c.text for c in chunks] == ["\n\n\n\n\nHi."]
 
 
-@given(st.lists(st.text(alphabet="ab .,!\n", min_size=1, max_size=6), max_size=60))
-def test_chunks_tile_the_reply(pieces: list[str]) -> None:
+@given(st.lists(st.text(alphabet="ab .,!\n", min_size=1, max_size=6), max_size=60),
+       st.sampled_from([None, 0.5, 2.0]))
+def test_chunks_tile_the_reply(pieces: list[str], growth: float | None) -> None:
     text = "".join(pieces)
-    chunks = chunk_all(pieces, first_chars=4, min_chars=6, max_chars=12)
+    chunks = chunk_all(pieces, first_chars=4, min_chars=6, max_chars=12, growth=growth)
     assert [c.index for c in chunks] == list(range(len(chunks)))
     position = 0
     for chunk in chunks:

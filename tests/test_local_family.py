@@ -13,23 +13,25 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import jiwer
 import numpy as np
 import pytest
 
+from pipeline.families.build_support import read_manifest
 from pipeline.families.local import LocalTalker, LocalThinker, LocalVoiceBox, build_local
-from pipeline.families.local.build import is_built, manifest_of
+from pipeline.families.local.build import is_built
 from pipeline.families.local.gguf_llama import unpermute_rotary
 from pipeline.families.local.packaged import source_versions
 from pipeline.families.local.phonemizer import PhonemeMap
 from pipeline.families.local.speech_text import Phrase, speakable, split_phrases
 from pipeline.families.local.talker import group_phrases
 from pipeline.shm import BlockPool
-from pipeline.stage import Stage, StageContext, TalkerJob, ThinkerJob, VoiceBoxJob
+from pipeline.stage import TalkerJob, ThinkerJob, VoiceBoxJob
 from tests.audio_fixtures import SOX, read_wav, speech_wav, write_wav
+from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines
 
@@ -38,10 +40,11 @@ QUESTION = "What is the capital of France?"
 SYSTEM = {"role": "system", "content": (
     "You are a helpful voice assistant. Answer in one short sentence, in plain words.")}
 SENTENCE = "Sure, I can help you book a table for two people tonight."
+BENCH = "local-bench"
 
 
 def figure(name: str, value: float, unit: str) -> None:
-    print(f"\n[local-bench] {name}: {value:.3f} {unit}")
+    print_figure(BENCH, name, value, unit)
 
 
 def wer(reference: str, hypothesis: str) -> float:
@@ -52,7 +55,8 @@ def wer(reference: str, hypothesis: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def local_models() -> Path:
+def family_models() -> Path:
+    """The models directory with the local family built (what the stage fixtures start from)."""
     models = Path(os.environ.get("OMNIVOX_MODELS_DIR", REPO / "models"))
     began = time.perf_counter()
     build_local(models, progress=False)
@@ -61,41 +65,10 @@ def local_models() -> Path:
     return models
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[BlockPool]:
-    pool = BlockPool.create(f"omnivox-local-test-{os.getpid()}", block_count=32,
-                            block_size=1 << 22)
-    yield pool
-    pool.close()
-    pool.unlink()
-
-
-async def _started(stage: Stage, pool: BlockPool, models: Path, settings: dict) -> Stage:
-    began = time.perf_counter()
-    await stage.start(StageContext(pool, settings, str(models)))
-    figure(f"{stage.name} start", time.perf_counter() - began, "s")
-    return stage
-
-
-@pytest.fixture(scope="module")
-async def thinker(pool: BlockPool, local_models: Path) -> AsyncIterator[LocalThinker]:
-    stage = await _started(LocalThinker(), pool, local_models, {"engine": {"cpu_cores": "0"}})
-    yield stage
-    await stage.stop()
-
-
-@pytest.fixture(scope="module")
-async def talker(pool: BlockPool, local_models: Path) -> AsyncIterator[LocalTalker]:
-    stage = await _started(LocalTalker(), pool, local_models, {})
-    yield stage
-    await stage.stop()
-
-
-@pytest.fixture(scope="module")
-async def voicebox(pool: BlockPool, local_models: Path) -> AsyncIterator[LocalVoiceBox]:
-    stage = await _started(LocalVoiceBox(), pool, local_models, {})
-    yield stage
-    await stage.stop()
+pool = pool_fixture("omnivox-local-test", block_count=32, block_size=1 << 22)
+thinker = stage_fixture(LocalThinker, {"engine": {"cpu_cores": "0"}}, BENCH)
+talker = stage_fixture(LocalTalker, {}, BENCH)
+voicebox = stage_fixture(LocalVoiceBox, {}, BENCH)
 
 
 @pytest.fixture(scope="module")
@@ -161,14 +134,14 @@ def test_rotary_layout_is_restored() -> None:
     np.testing.assert_array_equal(unpermute_rotary(interleaved, n_heads), weight)
 
 
-def test_build_is_checksummed_and_skipped_when_current(local_models: Path) -> None:
-    family = local_models / "local"
-    manifest = manifest_of(family)
+def test_build_is_checksummed_and_skipped_when_current(family_models: Path) -> None:
+    family = family_models / "local"
+    manifest = read_manifest(family)
     assert manifest["sources"] == source_versions()
     assert {"thinker/llm/model.safetensors", "thinker/llm/tokenizer.json",
             "thinker/asr/model.bin", "voice/en_US-joe-medium.onnx"} <= set(manifest["files"])
     stamp = (family / "manifest.json").stat().st_mtime_ns
-    assert build_local(local_models, progress=False) == family
+    assert build_local(family_models, progress=False) == family
     assert (family / "manifest.json").stat().st_mtime_ns == stamp, "a current build is kept"
     assert is_built(family)
     # A new version of a model package makes the build stale (it would be rebuilt).

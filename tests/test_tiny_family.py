@@ -9,27 +9,24 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pipeline.families.build_support import read_manifest
 from pipeline.families.tiny import TinyTalker, TinyThinker, TinyVoiceBox, build_tiny
 from pipeline.families.tiny.audio_encoder import TinyAudioEncoder
-from pipeline.families.tiny.build import manifest_checksum
 from pipeline.shm import BlockPool
 from pipeline.stage import (
-    Stage,
-    StageContext,
     TalkerJob,
     TalkerOutput,
     ThinkerJob,
     ThinkerOutput,
     VoiceBoxJob,
 )
+from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines
 
@@ -43,54 +40,25 @@ JSON_SCHEMA = {
     "required": ["ok", "mood"],
     "additionalProperties": False,
 }
+BENCH = "tiny-bench"
 
 
 def figure(name: str, value: float, unit: str) -> None:
-    print(f"\n[tiny-bench] {name}: {value:.3f} {unit}")
+    print_figure(BENCH, name, value, unit)
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The models directory with the tiny family built (what the stage fixtures start from)."""
     models = tmp_path_factory.mktemp("models")
     build_tiny(models, progress=False)
     return models
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[BlockPool]:
-    pool = BlockPool.create(f"omnivox-tiny-test-{os.getpid()}", block_count=64,
-                            block_size=1 << 20)
-    yield pool
-    pool.close()
-    pool.unlink()
-
-
-async def _started(stage: Stage, pool: BlockPool, models: Path, settings: dict) -> Stage:
-    began = time.perf_counter()
-    await stage.start(StageContext(pool, settings, str(models)))
-    figure(f"{stage.name} start", time.perf_counter() - began, "s")
-    return stage
-
-
-@pytest.fixture(scope="module")
-async def thinker(pool: BlockPool, tiny_models: Path) -> AsyncIterator[TinyThinker]:
-    stage = await _started(TinyThinker(), pool, tiny_models, {"engine": {"cpu_cores": "0"}})
-    yield stage
-    await stage.stop()
-
-
-@pytest.fixture(scope="module")
-async def talker(pool: BlockPool, tiny_models: Path) -> AsyncIterator[TinyTalker]:
-    stage = await _started(TinyTalker(), pool, tiny_models, {"engine": {"cpu_cores": "1"}})
-    yield stage
-    await stage.stop()
-
-
-@pytest.fixture(scope="module")
-async def voicebox(pool: BlockPool, tiny_models: Path) -> AsyncIterator[TinyVoiceBox]:
-    stage = await _started(TinyVoiceBox(), pool, tiny_models, {})
-    yield stage
-    await stage.stop()
+pool = pool_fixture("omnivox-tiny-test", block_count=64, block_size=1 << 20)
+thinker = stage_fixture(TinyThinker, {"engine": {"cpu_cores": "0"}}, BENCH)
+talker = stage_fixture(TinyTalker, {"engine": {"cpu_cores": "1"}}, BENCH)
+voicebox = stage_fixture(TinyVoiceBox, {}, BENCH)
 
 
 def _utterance(seconds: float) -> np.ndarray:
@@ -101,22 +69,22 @@ def _utterance(seconds: float) -> np.ndarray:
     return (wave * 32767).astype(np.int16)
 
 
-def test_build_is_deterministic_and_idempotent(tiny_models: Path, tmp_path: Path) -> None:
-    family = tiny_models / "tiny"
+def test_build_is_deterministic_and_idempotent(family_models: Path, tmp_path: Path) -> None:
+    family = family_models / "tiny"
     manifest = family / "manifest.json"
     stamp = manifest.stat().st_mtime_ns
-    assert build_tiny(tiny_models, progress=False) == family
+    assert build_tiny(family_models, progress=False) == family
     assert manifest.stat().st_mtime_ns == stamp, "a matching build must be skipped"
 
     again = build_tiny(tmp_path / "again", progress=False)
-    assert manifest_checksum(again) == manifest_checksum(family)
+    assert read_manifest(again)["checksum"] == read_manifest(family)["checksum"]
     other = build_tiny(tmp_path / "other", progress=False, seed=99)
-    assert manifest_checksum(other) != manifest_checksum(family)
+    assert read_manifest(other)["checksum"] != read_manifest(family)["checksum"]
 
     # A damaged build no longer matches its manifest: the next call rebuilds it whole.
     (again / "voicebox" / "config.json").write_text("{}")
     build_tiny(tmp_path / "again", progress=False)
-    assert manifest_checksum(again) == manifest_checksum(family)
+    assert read_manifest(again)["checksum"] == read_manifest(family)["checksum"]
     assert json.loads((again / "voicebox" / "config.json").read_text())["sample_rate"] == 24_000
 
 

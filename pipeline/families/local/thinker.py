@@ -15,12 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import numpy as np
-
 from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
 from pipeline.families.local.build import ASR_DIR, LLM_DIR
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
-from pipeline.families.local.stage_support import WorkThread, family_dir
+from pipeline.families.local.stage_support import family_dir
+from pipeline.families.work_thread import WorkThread
 from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput
 
 logger = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ class LocalThinker(Stage):
         rid = job.request_id
         self.preparing.add(rid)
         try:
-            audio = self._take_audio(job)
+            audio = None if job.audio is None else self.ctx.take(job.audio)
             messages = list(job.messages)
             if audio is not None:
                 transcript = await self.hearing.run(self.recognizer.transcribe, audio)
@@ -115,14 +114,6 @@ class LocalThinker(Stage):
         await self.engine.stop()
         self.hearing.close()
         self.prompting.close()
-
-    def _take_audio(self, job: ThinkerJob) -> np.ndarray | None:
-        """Copy the utterance out of its block and release the block (this stage consumes it)."""
-        if job.audio is None:
-            return None
-        audio = self.ctx.pool.view(job.audio).copy()
-        self.ctx.pool.release(job.audio)
-        return audio
 
     def _sampling(self, job: ThinkerJob) -> Sampling:
         settings = self.ctx.settings

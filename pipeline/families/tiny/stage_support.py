@@ -1,4 +1,4 @@
-"""What the tiny family's stages share: where the models are, engine settings, the torch thread.
+"""What the tiny family's stages share: where the models are, engines, the torch thread.
 
 Stage settings (a profile's per-stage dict) hold an optional "engine" dict that overrides the
 family's engine defaults (the CPU recipe of PLATFORM.md); everything else is stage-specific.
@@ -6,21 +6,16 @@ family's engine defaults (the CPU recipe of PLATFORM.md); everything else is sta
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from pipeline.engines.vllm import EngineSettings
-from pipeline.stage import StageContext
-
-T = TypeVar("T")
+from pipeline.engines.vllm import EngineSettings, VllmEngine
+from pipeline.families.work_thread import WorkThread
+from pipeline.stage import Stage, StageContext
 
 FAMILY_DIR = "tiny"
-POOL_TIMEOUT_S = 5.0  # how long a stage waits for a free pool block before failing the job
 ENGINE_DEFAULTS: dict[str, Any] = {
     "dtype": "float32",
     "max_model_len": 1024,
@@ -48,23 +43,34 @@ def engine_settings(ctx: StageContext, part: str, **defaults: Any) -> EngineSett
     return EngineSettings.from_mapping(merged)
 
 
-def pool_timeout(ctx: StageContext) -> float:
-    return float(ctx.settings.get("pool_timeout_s", POOL_TIMEOUT_S))
+class TorchThread(WorkThread):
+    """A stage's work thread for torch, with torch itself on one thread too.
 
-
-class TorchThread:
-    """One thread for a stage's torch work, so the event loop never runs a tensor op.
-
-    One thread, and torch itself on one thread: small ops are far faster single-threaded on
-    these machines, and one thread keeps the stage's results reproducible.
+    Small ops are far faster single-threaded on these machines, and one thread keeps the
+    stage's results reproducible.
     """
 
     def __init__(self, name: str) -> None:
         torch.set_num_threads(1)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-torch")
+        super().__init__(name, "torch")
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+class EngineStage(Stage):
+    """A tiny-family stage whose requests all live in one vLLM engine, with a torch thread.
+
+    Its requests are in the engine from the stream's first step on, so abort and the active
+    request ids go to the engine alone. Subclasses set `engine` and `torch` in start().
+    """
+
+    engine: VllmEngine
+    torch: TorchThread
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self.engine.abort(request_ids)
+
+    def active_request_ids(self) -> list[str]:
+        return self.engine.active_request_ids()
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        self.torch.close()

@@ -14,9 +14,14 @@ from contextlib import aclosing
 import torch
 
 from pipeline.engines.vllm import Sampling, VllmEngine
-from pipeline.families.tiny.stage_support import TorchThread, engine_settings, part_dir
+from pipeline.families.tiny.stage_support import (
+    EngineStage,
+    TorchThread,
+    engine_settings,
+    part_dir,
+)
 from pipeline.families.tiny.talker_prompt import TalkerPromptBuilder
-from pipeline.stage import Stage, StageContext, TalkerJob, TalkerOutput
+from pipeline.stage import StageContext, TalkerJob, TalkerOutput
 
 TOKENS_PER_CHAR = 3
 MIN_TOKENS = 4
@@ -24,7 +29,7 @@ MAX_TOKENS = 256
 MAX_CONTEXT = 256  # audio context kept from the turn (its last tokens)
 
 
-class TinyTalker(Stage):
+class TinyTalker(EngineStage):
     """Talker on the tiny family's random Qwen2 decoder over 256 speech codes."""
 
     name = "talker"
@@ -62,23 +67,12 @@ class TinyTalker(Stage):
                     yield TalkerOutput(job.request_id, tokens=pending, finished=True,
                                        finish_reason=delta.finish_reason)
 
-    async def abort(self, request_ids: list[str]) -> None:
-        await self.engine.abort(request_ids)
-
-    def active_request_ids(self) -> list[str]:
-        return self.engine.active_request_ids()
-
-    async def stop(self) -> None:
-        await self.engine.stop()
-        self.torch.close()
-
     def _prompt(self, job: TalkerJob, n_tokens: int) -> torch.Tensor:
         """Read (and release) the text embeddings, then build the prompt; in the torch thread."""
         if job.text_embeds is None:
             raise ValueError(f"{job.request_id}: the tiny Talker speaks from text_embeds, "
                              f"and this job has none")
-        text = torch.from_numpy(self.ctx.pool.view(job.text_embeds).copy())
-        self.ctx.pool.release(job.text_embeds)
+        text = torch.from_numpy(self.ctx.take(job.text_embeds))
         room = self.engine.settings.max_model_len - 1 - len(text) - n_tokens
         if room < 0:
             raise ValueError(f"{job.request_id}: {len(text)} text embeddings plus {n_tokens} "

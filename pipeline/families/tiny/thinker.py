@@ -13,20 +13,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-import numpy as np
-
 from pipeline.engines.vllm import Sampling, VllmEngine, json_schema_of
 from pipeline.families.tiny.stage_support import (
+    EngineStage,
     TorchThread,
     engine_settings,
     part_dir,
-    pool_timeout,
 )
 from pipeline.families.tiny.thinker_prompt import ThinkerPromptBuilder
-from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput
+from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
 
 
-class TinyThinker(Stage):
+class TinyThinker(EngineStage):
     """Thinker on the tiny family's random Qwen2 LLM and audio encoder."""
 
     name = "thinker"
@@ -40,7 +38,8 @@ class TinyThinker(Stage):
         self.max_model_len = self.engine.settings.max_model_len
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
-        prompt = await self.torch.run(self.prompts.build, job.messages, self._take_audio(job))
+        audio = None if job.audio is None else self.ctx.take(job.audio)
+        prompt = await self.torch.run(self.prompts.build, job.messages, audio)
         if len(prompt) + job.max_tokens > self.max_model_len:
             raise ValueError(f"{job.request_id}: prompt of {len(prompt)} positions plus "
                              f"{job.max_tokens} tokens exceeds max_model_len {self.max_model_len}")
@@ -50,28 +49,10 @@ class TinyThinker(Stage):
                 embeds = None
                 if delta.token_ids:
                     vectors = self.prompts.embed(delta.token_ids)  # a few rows: microseconds
-                    embeds = await self.ctx.pool.put(vectors, pool_timeout(self.ctx))
+                    embeds = await self.ctx.pool.put(vectors, self.ctx.pool_timeout_s)
                 yield ThinkerOutput(job.request_id, text=delta.text, token_ids=delta.token_ids,
                                     embeds=embeds, finished=delta.finished,
                                     finish_reason=delta.finish_reason)
-
-    async def abort(self, request_ids: list[str]) -> None:
-        await self.engine.abort(request_ids)
-
-    def active_request_ids(self) -> list[str]:
-        return self.engine.active_request_ids()
-
-    async def stop(self) -> None:
-        await self.engine.stop()
-        self.torch.close()
-
-    def _take_audio(self, job: ThinkerJob) -> np.ndarray | None:
-        """Copy the utterance out of its block and release the block (this stage consumes it)."""
-        if job.audio is None:
-            return None
-        audio = self.ctx.pool.view(job.audio).copy()
-        self.ctx.pool.release(job.audio)
-        return audio
 
     def _sampling(self, job: ThinkerJob) -> Sampling:
         settings = self.ctx.settings

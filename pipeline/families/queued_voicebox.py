@@ -1,0 +1,164 @@
+"""A VoiceBox stage that renders queued jobs in one task: the part both families share.
+
+A stream puts its job in a bounded queue (full: it waits, which is the back-pressure) and waits
+for the job's PCM; the stage's render task takes jobs from the queue and answers each with its
+PCM or an error. Aborting a request answers its waiting jobs with None: their streams end
+without PCM, and the render task skips them. Should the render task ever end, every waiting job
+fails and new ones are refused, so no stream hangs on it. Each family renders its own way: the
+tiny VoiceBox in micro-batches, the local one a job at a time.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.stage import Stage, StageContext, VoiceBoxJob, VoiceBoxOutput
+
+logger = logging.getLogger(__name__)
+
+MAX_QUEUED = 256
+
+
+@dataclass(eq=False)
+class QueuedJob:
+    """A queued VoiceBox job and the future its PCM arrives on (None: aborted)."""
+
+    job: VoiceBoxJob
+    result: asyncio.Future[np.ndarray | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the job is still unanswered (not rendered, failed, aborted or abandoned)."""
+        return not self.result.done()
+
+    def deliver(self, pcm: np.ndarray) -> None:
+        """Answer the job with its PCM, unless it was answered (or abandoned) meanwhile."""
+        if self.waiting:
+            self.result.set_result(pcm)
+
+    def fail(self, error: BaseException) -> None:
+        """Answer the job with an error, unless it was answered (or abandoned) meanwhile."""
+        if self.waiting:
+            self.result.set_exception(error)
+
+
+class VoiceBoxJobs:
+    """A VoiceBox stage's jobs: the bounded queue, and each request's jobs still in the stage."""
+
+    def __init__(self, max_queued: int) -> None:
+        self._queue: asyncio.Queue[QueuedJob] = asyncio.Queue(max_queued)
+        self._by_request: dict[str, list[QueuedJob]] = {}
+
+    async def rendered(self, job: VoiceBoxJob) -> np.ndarray | None:
+        """Queue the job and wait for its PCM: None when the job was aborted first."""
+        entry = QueuedJob(job)
+        self._by_request.setdefault(job.request_id, []).append(entry)
+        try:
+            await self._queue.put(entry)  # full queue: the caller waits (back-pressure)
+            return await entry.result
+        finally:
+            if entry.waiting:  # the caller went away: the render task skips the job
+                entry.result.cancel()
+            self._forget(entry)
+
+    async def get(self) -> QueuedJob:
+        """The next job in the queue (it may have been answered while it waited)."""
+        return await self._queue.get()
+
+    def get_queued(self, limit: int) -> list[QueuedJob]:
+        """Up to `limit` more jobs, of those already in the queue (no waiting)."""
+        taken: list[QueuedJob] = []
+        while len(taken) < limit and not self._queue.empty():
+            taken.append(self._queue.get_nowait())
+        return taken
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Answer these requests' waiting jobs with None: their streams end without PCM."""
+        for request_id in request_ids:
+            for entry in self._by_request.get(request_id, []):
+                if entry.waiting:
+                    entry.result.set_result(None)
+
+    def fail_waiting(self, message: str) -> None:
+        """Fail every waiting job with a RuntimeError(message): when the render task is gone."""
+        for entries in self._by_request.values():
+            for entry in entries:
+                entry.fail(RuntimeError(message))
+
+    def active_request_ids(self) -> list[str]:
+        """Requests with a job still waiting for its PCM."""
+        return sorted(rid for rid, entries in self._by_request.items()
+                      if any(entry.waiting for entry in entries))
+
+    def _forget(self, entry: QueuedJob) -> None:
+        entries = self._by_request.get(entry.job.request_id, [])
+        if entry in entries:
+            entries.remove(entry)
+        if not entries:
+            self._by_request.pop(entry.job.request_id, None)
+
+
+class QueuedVoiceBox(Stage):
+    """A VoiceBox stage whose jobs wait in a `VoiceBoxJobs` queue for its one render task.
+
+    A subclass loads its model in start() and then calls `_serve`; its `_render_jobs` takes
+    jobs from `self.jobs` and answers them, forever; its `_close` frees what start() made.
+    """
+
+    name = "voicebox"
+    task_label: str  # the render task's name in logs and errors ("batcher", "renderer")
+
+    def _serve(self, ctx: StageContext, sample_rate: int) -> None:
+        """Open the job queue and start the render task."""
+        self.ctx = ctx
+        self.sample_rate = sample_rate
+        self.jobs = VoiceBoxJobs(int(ctx.settings.get("max_queued", MAX_QUEUED)))
+        self.render_task = asyncio.create_task(self._render_jobs(),
+                                               name=f"voicebox-{self.task_label}")
+        self.render_task.add_done_callback(self._render_task_ended)
+
+    @abc.abstractmethod
+    async def _render_jobs(self) -> None:
+        """Take jobs from `self.jobs` and answer them (deliver or fail), forever."""
+
+    @abc.abstractmethod
+    def _close(self) -> None:
+        """Free what start() made (the render thread), once the render task has ended."""
+
+    async def stream(self, job: VoiceBoxJob) -> AsyncIterator[VoiceBoxOutput]:
+        if self.render_task.done():
+            raise RuntimeError(f"the voicebox {self.task_label} has stopped; this stage serves "
+                               f"no more jobs")
+        pcm = await self.jobs.rendered(job)
+        if pcm is None:
+            yield VoiceBoxOutput(job.request_id, finished=True)
+            return
+        ref = await self.ctx.pool.put(pcm, self.ctx.pool_timeout_s)
+        yield VoiceBoxOutput(job.request_id, pcm=ref, sample_rate=self.sample_rate,
+                             finished=True)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """Drop these requests' waiting jobs: their streams end without PCM."""
+        self.jobs.abort(request_ids)
+
+    def active_request_ids(self) -> list[str]:
+        return self.jobs.active_request_ids()
+
+    async def stop(self) -> None:
+        self.render_task.cancel()
+        await asyncio.gather(self.render_task, return_exceptions=True)
+        self._close()
+
+    def _render_task_ended(self, task: asyncio.Task[None]) -> None:
+        """Fail every waiting job if the render task ever ends: no stream may hang on it."""
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            logger.error("voicebox %s died", self.task_label, exc_info=error)
+        self.jobs.fail_waiting(f"the voicebox {self.task_label} has stopped")
