@@ -47,28 +47,25 @@ def session_object(
     return session
 
 
-def user_audio_item(item_id: str, transcript: str | None) -> dict[str, Any]:
-    """The caller's utterance as a conversation item."""
+def _user_item(item_id: str, content: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": item_id,
         "object": "realtime.item",
         "type": "message",
         "role": "user",
         "status": "completed",
-        "content": [{"type": "input_audio", "transcript": transcript}],
+        "content": [content],
     }
+
+
+def user_audio_item(item_id: str, transcript: str | None) -> dict[str, Any]:
+    """The caller's utterance as a conversation item."""
+    return _user_item(item_id, {"type": "input_audio", "transcript": transcript})
 
 
 def user_text_item(item_id: str, text: str) -> dict[str, Any]:
     """A typed user message as a conversation item."""
-    return {
-        "id": item_id,
-        "object": "realtime.item",
-        "type": "message",
-        "role": "user",
-        "status": "completed",
-        "content": [{"type": "input_text", "text": text}],
-    }
+    return _user_item(item_id, {"type": "input_text", "text": text})
 
 
 def assistant_item(item_id: str, transcript: str, status: str) -> dict[str, Any]:

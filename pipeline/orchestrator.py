@@ -190,4 +190,5 @@ class Pipeline:
             control_endpoint=f"ipc://{self._dir}/control.sock", pool_name=self.pool.name,
             owner=owner, settings=s.stages.get(stage, {}), models_dir=str(s.models_dir),
             heartbeat_s=s.restart.heartbeat_s,
-            stop_timeout_s=s.restart.stop_timeout_s, log_level=s.log_level)
+            stop_timeout_s=s.restart.stop_timeout_s, log_level=s.log_level,
+            nice=s.nice[stage])

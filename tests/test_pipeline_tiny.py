@@ -23,6 +23,7 @@ from pipeline.supervisor import StageState
 
 pytestmark = pytest.mark.engines
 
+LONG_REPLY = 300
 MESSAGES = [{"role": "system", "content": "You are a friendly voice assistant."},
             {"role": "user", "content": "What will the weather be like tomorrow?"}]
 
@@ -66,15 +67,17 @@ async def first_audio(events: AsyncIterator) -> None:
 
 async def test_long_reply_overlaps_the_stages(tiny: Pipeline) -> None:
     stamped, began = [], time.perf_counter()
-    async for event in tiny.respond(Turn("long", MESSAGES, max_tokens=100)):
+    # Long enough that the tiny Thinker (hundreds of tokens a second) is still writing when the
+    # first audio is due, even on a loaded machine.
+    async for event in tiny.respond(Turn("long", MESSAGES, max_tokens=LONG_REPLY)):
         stamped.append((time.perf_counter() - began, event))
     events = [e for _, e in stamped]
     done = events[-1]
     assert isinstance(done, TurnDone), done
-    assert done.usage["thinker_tokens"] == 100
+    assert done.usage["thinker_tokens"] == LONG_REPLY
     text_at = [t for t, e in stamped if isinstance(e, TextDelta)]
     audio_at = [t for t, e in stamped if isinstance(e, AudioChunk)]
-    print(f"\n[pipeline-tiny] 100 tokens: first audio {audio_at[0] * 1000:.0f} ms, "
+    print(f"\n[pipeline-tiny] {LONG_REPLY} tokens: first audio {audio_at[0] * 1000:.0f} ms, "
           f"last text delta {text_at[-1] * 1000:.0f} ms, done {stamped[-1][0] * 1000:.0f} ms")
     assert audio_at[0] < text_at[-1], "the first audio must come while the Thinker still writes"
     first = next(i for i, e in enumerate(events) if isinstance(e, AudioChunk))
