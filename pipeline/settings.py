@@ -61,8 +61,10 @@ class PipelineSettings(BaseModel):
     abort_timeout_s: float = Field(1.0, gt=0, description="wait for a worker's abort reply")
     connect_timeout_s: float = Field(10.0, gt=0, description="wait for a worker connection")
     # CPU priority of each stage's processes, below the API process (0): the call plane's
-    # 20 ms pacing must not starve behind batch compute when cores are few.
+    # pacing comes first, then the stages nearest the caller's ear. The Thinker writes ahead
+    # of playback, so its later tokens can wait while the VoiceBox renders the first audio
+    # (with equal priorities the tiny Thinker's streaming delays the first audio to its end).
     nice: dict[str, int] = Field(
-        default_factory=lambda: {"thinker": 10, "talker": 10, "voicebox": 10})
+        default_factory=lambda: {"thinker": 15, "talker": 10, "voicebox": 5})
     build_models: bool = Field(True, description="build the family's models when missing")
     log_level: str = "INFO"
