@@ -23,7 +23,7 @@ from pipeline.supervisor import StageState
 
 pytestmark = pytest.mark.engines
 
-LONG_REPLY = 100
+LONG_REPLY = 300  # long enough that the Thinker still writes when the first audio is due
 MESSAGES = [{"role": "system", "content": "You are a friendly voice assistant."},
             {"role": "user", "content": "What will the weather be like tomorrow?"}]
 
