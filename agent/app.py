@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,10 +13,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from agent import auth
 from agent.call import Call, HandlerFactory
 from agent.calls import CallRegistry
 from agent.config import Settings
-from agent.readiness import Readiness
+from agent.metrics import Metrics
+from agent.metrics import router as metrics_router
+from agent.readiness import Readiness, announce_stage_failures
+from agent.records import CallRecords
+from agent.records_api import router as records_router
 from agent.session import Session
 from agent.signalling import router as signalling_router
 
@@ -38,11 +44,21 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Records first: a data directory that cannot be written stops the start, saying why.
+        await asyncio.to_thread(app.state.records.open)
+        # Everything imported and built so far lives as long as the process: keep it out of
+        # the collector, whose full passes over it stalled the event loop (and /healthz, and
+        # every call's pacing) for 90-160 ms each. Garbage first, so none is frozen with it.
+        gc.collect()
+        gc.freeze()
         starting = asyncio.create_task(pipeline.start()) if pipeline is not None else None
+        loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())
         try:
             yield
         finally:
+            loop_lag.cancel()
             await app.state.calls.close_all()
+            await asyncio.to_thread(app.state.records.close)  # the calls' end rows written
             if starting is not None:
                 starting.cancel()
                 with contextlib.suppress(BaseException):
@@ -51,8 +67,13 @@ def create_app(
 
     app = FastAPI(title="omnivox", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
-    app.state.calls = CallRegistry(settings)
+    app.state.metrics = metrics = Metrics()
+    app.state.records = records = CallRecords(settings.data_dir)
+    app.state.calls = CallRegistry(settings, metrics, records)
+    metrics.track(lambda: len(app.state.calls), pipeline)
     app.state.readiness = Readiness(pipeline)
+    if pipeline is not None:  # a stage given up for good is announced on every live call
+        announce_stage_failures(pipeline, app.state.calls)
     app.state.pipeline = pipeline
     app.state.handler_factory = handler_factory
 
@@ -74,6 +95,9 @@ def create_app(
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
+    auth.install(app, settings)  # API keys, client secrets, CORS; before the page mount
     app.include_router(signalling_router)
+    app.include_router(records_router)
+    app.include_router(metrics_router)
     app.mount("/", StaticFiles(directory=settings.web_dir, html=True), name="web")
     return app

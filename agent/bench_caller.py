@@ -1,52 +1,210 @@
-"""The caller of `omnivox bench turn`: a real aiortc peer that speaks, listens and keeps time.
+"""The caller of `omnivox bench turn` and `omnivox bench calls`: a real aiortc peer that speaks,
+listens and keeps time the way a caller feels it.
 
-Its microphone is an `OutboundAudioTrack` (paced 20 ms frames, any source rate), so it knows
-when its last word left; the agent's audio is drained by `InboundAudio`, and the arrival of the
-first non-silent frame after each question is noted. Server events arrive on `oai-events`
-with their arrival times. Times are `time.monotonic()`, the clock of the server's event loop.
+Both ends of a measurement are taken on the media timeline, in `time.monotonic()` (the clock of
+every asyncio loop on the machine):
+
+- what the caller says goes out through a `Microphone` (paced 20 ms frames at 16 kHz, silence
+  between utterances); an utterance's onset is the moment its first frame is handed to the
+  sender and its end the moment its last sample is due (the frame after it, less that frame's
+  padding). 16 kHz rather than 48: aiortc computes every outgoing frame's audio level in a
+  Python loop over its samples, and a load generator with dozens of callers must not spend
+  its CPU there;
+- what the caller hears is timed by the arrival of the RTP packet that carried it, not by when
+  aiortc's jitter buffer (4 packets of prefetch: 80 ms) and decoder thread hand the frame over:
+  the server's part ends when its packet arrives. A received sample is "loud" above `LOUD`.
+  Silences inside a reply are measured in the stream's own media time (RTP timestamps: what
+  the server sent), and late packets separately (arrival against the stream's pace).
+
+Server events arrive on `oai-events` with their arrival times. Memory is bounded for calls of
+any length: the latest event of each type, the events of the last few responses, and the last
+`MAX_FRAMES` received frames (two minutes) are kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fractions
 import json
 import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import av
 import httpx
 import numpy as np
-from aiortc import MediaStreamTrack, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCRtpSender, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
 
-from media.inbound import InboundAudio
-from media.outbound import OutboundAudioTrack
 from media.peer import new_peer_connection
 
-MAX_EVENTS = 10_000  # events kept (a bench call makes a few dozen per turn)
+LOUD = 100  # |sample| above this (-50 dBFS) is sound; codecs decode digital silence to ~0
+MAX_FRAMES = 6_000  # received frames kept: two minutes of 20 ms frames
+MAX_RESPONSES = 8  # responses whose events are kept by id
+MAX_ERRORS = 50  # error events kept (all are counted)
+RECENT_EVENTS = 2_000  # the last events kept in arrival order, for inspection
+_RTP_KEPT = 512  # packet arrival times awaiting their decoded frame (16 fit in the buffer)
+CODECS = ("opus", "PCMU", "PCMA")
+
+
+class CallDroppedError(RuntimeError):
+    """The call's connection failed or closed while the caller was still on it."""
+
+
+@dataclass
+class Heard:
+    """One received audio frame: when its packet arrived and where its sound lies in it."""
+
+    at: float  # arrival of the packet (monotonic s): the frame's first sample
+    media: float  # the frame's place in the stream (RTP timestamp, s)
+    duration: float  # seconds of audio in the frame
+    first_loud: float | None  # seconds into the frame of its first loud sample, if any
+    last_loud: float | None  # seconds into the frame of the end of its last loud sample
+
+    @property
+    def loud_from(self) -> float | None:
+        return None if self.first_loud is None else self.at + self.first_loud
+
+    @property
+    def loud_until(self) -> float | None:
+        return None if self.last_loud is None else self.at + self.last_loud
+
+
+MIC_RATE = 16_000
+MIC_FRAME = MIC_RATE // 50  # 20 ms
+MAX_LAG_S = 0.1  # a microphone this far behind its clock (a starved loop) re-anchors
+
+
+@dataclass
+class Utterance:
+    """Something the caller said: when it started and ended on the media timeline."""
+
+    samples: int  # at MIC_RATE
+    onset: float | None = None
+    end: float | None = None
+
+    @property
+    def padding_s(self) -> float:
+        """Silence that fills out the utterance's last 20 ms frame."""
+        return (-self.samples % MIC_FRAME) / MIC_RATE
+
+
+def resample(pcm: np.ndarray, rate: int, to: int = MIC_RATE) -> np.ndarray:
+    """int16 mono PCM from `rate` to `to`, in one go (a streaming resampler would keep the
+    utterance's last samples for the next one)."""
+    if rate == to:
+        return pcm.astype(np.int16, copy=False)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=to)
+    frame = av.AudioFrame.from_ndarray(pcm.astype(np.int16).reshape(1, -1), format="s16",
+                                       layout="mono")
+    frame.sample_rate = rate
+    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
+
+
+class Microphone(MediaStreamTrack):
+    """The caller's voice as an aiortc track: 20 ms frames of 16 kHz mono on an absolute clock,
+    the utterance being said or silence; `on_edge(True/False)` when speech starts or ends."""
+
+    kind = "audio"
+
+    def __init__(self, on_edge: Callable[[bool], None]) -> None:
+        super().__init__()
+        self.on_edge = on_edge
+        self._pending = np.zeros(0, np.int16)
+        self._speaking = False
+        self._start: float | None = None
+        self._index = 0
+
+    def say(self, pcm: np.ndarray) -> None:
+        """Say `pcm` (16 kHz) from the next frame on, after whatever is still being said."""
+        self._pending = np.concatenate([self._pending, pcm.astype(np.int16)])
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        else:
+            self._index += 1
+            due = self._start + self._index * 0.02
+            if now - due > MAX_LAG_S:
+                self._start = now - self._index * 0.02
+            elif due > now:
+                await asyncio.sleep(due - now)
+        chunk, self._pending = self._pending[:MIC_FRAME], self._pending[MIC_FRAME:]
+        if chunk.size and not self._speaking:
+            self._speaking = True
+            self.on_edge(True)
+        elif not chunk.size and self._speaking:
+            self._speaking = False
+            self.on_edge(False)
+        if chunk.size < MIC_FRAME:
+            chunk = np.pad(chunk, (0, MIC_FRAME - chunk.size))
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = MIC_RATE
+        frame.pts = self._index * MIC_FRAME
+        frame.time_base = fractions.Fraction(1, MIC_RATE)
+        return frame
 
 
 class BenchCaller:
     """One call to an omnivox server, driven turn by turn."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None,
+                 codec: str | None = None) -> None:
+        if codec is not None and codec not in CODECS:
+            raise ValueError(f"codec must be one of {', '.join(CODECS)}, not {codec!r}")
         self.base_url = base_url
+        self.codec = codec
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.pc = new_peer_connection([])
-        self.mic = OutboundAudioTrack(max_queue_ms=30_000, on_playing_changed=self._mic_changed)
-        self.events: list[tuple[float, dict[str, Any]]] = []
-        self.speech_ended_at: float | None = None  # the question's last sample was sent
-        self.first_audio_at: float | None = None  # the first agent audio after the question
+        self.mic = Microphone(self._mic_changed)
+        self.counts: Counter[str] = Counter()
+        self.latest: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.recent: deque[tuple[float, dict[str, Any]]] = deque(maxlen=RECENT_EVENTS)
+        self.responses: OrderedDict[str, dict[str, tuple[float, dict[str, Any]]]] = OrderedDict()
+        self.created: deque[tuple[float, str]] = deque(maxlen=MAX_RESPONSES)
+        self.errors: list[dict[str, Any]] = []
+        self.heard: deque[Heard] = deque(maxlen=MAX_FRAMES)
+        self.utterance: Utterance | None = None  # the latest thing said
+        self.speech_ended_at: float | None = None  # the latest utterance's last sample was due
+        self.first_audio_at: float | None = None  # the first loud sample heard after that
         self.location: str | None = None
-        self._arrived = asyncio.Event()
+        self.dropped = False  # the connection failed or closed without our hanging up
+        self.drop_reason: str | None = None
+        self.dropped_at: float | None = None
+        self.rtp_misses = 0  # frames timed by their decoding (no packet arrival found)
+        self._hanging_up = False
+        self._changed = asyncio.Event()
+        self._was_loud = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._rtp_arrivals: OrderedDict[int, float] = OrderedDict()
+        self._rtp_origin: int | None = None
+        self._media_end = 0.0  # where the last received frame ended in the stream (s)
         self._channel = self.pc.createDataChannel("oai-events")
         self._channel.on("message", self._on_message)
+        self._channel.on("close", self._on_closed)
         self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    # -- connection ---------------------------------------------------------------------
 
     async def connect(self, timeout_s: float = 30.0) -> None:
-        """Offer, post it to the server, apply the answer; wait for `session.created`."""
-        self.pc.addTransceiver(self.mic, direction="sendrecv")
+        """Offer, post it to the server, apply the answer; wait for `session.created`.
+        Raises httpx.HTTPStatusError when the server refuses the call (e.g. 503 when full)."""
+        transceiver = self.pc.addTransceiver(self.mic, direction="sendrecv")
+        if self.codec is not None:
+            capabilities = RTCRtpSender.getCapabilities("audio").codecs
+            transceiver.setCodecPreferences([c for c in capabilities if c.name == self.codec])
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s) as http:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
+                                     headers=self._headers) as http:
             reply = await http.post("/v1/realtime/calls", content=self.pc.localDescription.sdp,
                                     headers={"Content-Type": "application/sdp"})
         reply.raise_for_status()
@@ -59,54 +217,241 @@ class BenchCaller:
         assert self.location is not None, "not connected"
         return self.location.rsplit("/", 1)[1]
 
-    async def say(self, pcm: np.ndarray, sample_rate: int) -> None:
-        """Speak `pcm` into the call (returns once it is queued; it plays in real time)."""
-        self.speech_ended_at = self.first_audio_at = None
-        await self.mic.write(pcm, sample_rate)
+    def send(self, event: dict[str, Any]) -> None:
+        self._channel.send(json.dumps(event))
 
-    def count(self, event_type: str) -> int:
-        return sum(1 for _, event in self.events if event["type"] == event_type)
-
-    def last(self, event_type: str) -> tuple[float, dict[str, Any]]:
-        """The latest event of this type and its arrival time."""
-        return next((at, e) for at, e in reversed(self.events) if e["type"] == event_type)
-
-    async def wait_for(self, event_type: str, count: int, timeout_s: float) -> dict[str, Any]:
-        """Wait until `count` events of this type have arrived; the latest of them."""
-        deadline = time.monotonic() + timeout_s
-        while self.count(event_type) < count:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"no {event_type} (#{count}) within {timeout_s:.0f} s")
-            self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
-        return self.last(event_type)[1]
-
-    async def hang_up(self) -> None:
+    async def hang_up(self, timeout_s: float = 10.0) -> None:
+        """DELETE the call, then close the peer connection (each bounded: a broken connection
+        must not hold the caller forever)."""
+        if self._hanging_up:
+            return
+        self._hanging_up = True
         if self.location:
             with contextlib.suppress(httpx.HTTPError):
-                async with httpx.AsyncClient(base_url=self.base_url) as http:
+                async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
+                                             headers=self._headers) as http:
                     await http.delete(self.location)
         for task in self._tasks:
             task.cancel()
         self.mic.stop()
-        await self.pc.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.pc.close(), timeout_s)
 
-    def _on_message(self, message: str | bytes) -> None:
-        if len(self.events) < MAX_EVENTS:
-            self.events.append((time.monotonic(), json.loads(message)))
-        self._arrived.set()
+    # -- speaking -----------------------------------------------------------------------
 
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
-            self._tasks.append(asyncio.ensure_future(InboundAudio(track, self._heard).run()))
-
-    def _heard(self, frame: np.ndarray) -> None:
-        waiting = self.speech_ended_at is not None and self.first_audio_at is None
-        if waiting and frame.any():
-            self.first_audio_at = time.monotonic()
+    async def say(self, pcm: np.ndarray, sample_rate: int) -> Utterance:
+        """Speak `pcm` into the call (it plays in real time from the next frame); the
+        utterance, whose onset and end fill in as it plays. The audio should start and end with
+        its audible part: its first frame is its onset, its last sample its end."""
+        if sample_rate != MIC_RATE:
+            pcm = await asyncio.to_thread(resample, pcm, sample_rate)
+        self.utterance = Utterance(len(pcm))
+        self.speech_ended_at = self.first_audio_at = None
+        self.mic.say(pcm)
+        return self.utterance
 
     def _mic_changed(self, playing: bool) -> None:
-        if not playing:
-            self.speech_ended_at = time.monotonic()
+        now, utterance = time.monotonic(), self.utterance
+        if utterance is None:
+            return
+        if playing and utterance.onset is None:
+            utterance.onset = now
+        elif not playing and utterance.onset is not None and utterance.end is None:
+            utterance.end = now - utterance.padding_s
+            self.speech_ended_at = utterance.end
+        self._notify()
+
+    # -- events -------------------------------------------------------------------------
+
+    def count(self, event_type: str) -> int:
+        return self.counts[event_type]
+
+    def last(self, event_type: str) -> tuple[float, dict[str, Any]]:
+        """The latest event of this type and its arrival time."""
+        return self.latest[event_type]
+
+    def response_event(self, response_id: str, event_type: str
+                       ) -> tuple[float, dict[str, Any]] | None:
+        """The event of this type for one response (if it arrived), with its arrival."""
+        return self.responses.get(response_id, {}).get(event_type)
+
+    def response_created_after(self, t: float) -> tuple[float, str] | None:
+        """The first response created (arrival, id) after monotonic time t."""
+        return next(((at, rid) for at, rid in self.created if at > t), None)
+
+    async def wait_for(self, event_type: str, count: int, timeout_s: float) -> dict[str, Any]:
+        """Wait until `count` events of this type have arrived; the latest of them."""
+        await self.wait_until(lambda: self.counts[event_type] >= count, timeout_s,
+                              f"{event_type} (#{count})")
+        return self.latest[event_type][1]
+
+    async def wait_until(self, condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        """Wait until `condition()` is truthy (checked whenever an event, an utterance edge or
+        a change between sound and silence arrives); its value. Raises CallDroppedError if
+        the call drops first, TimeoutError after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = condition()
+            if value:
+                return value
+            if self.dropped:
+                raise CallDroppedError(f"the call dropped while waiting for {what}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no {what} within {timeout_s:.0f} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def _notify(self) -> None:
+        """Wake every waiter (each waits on the event current when it looked)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _on_message(self, message: str | bytes) -> None:
+        at, event = time.monotonic(), json.loads(message)
+        kind = event.get("type", "")
+        self.counts[kind] += 1
+        self.latest[kind] = (at, event)
+        self.recent.append((at, event))
+        if kind == "error" and len(self.errors) < MAX_ERRORS:
+            self.errors.append(event)
+        response_id = event.get("response_id") or (event.get("response") or {}).get("id")
+        if response_id:
+            if kind == "response.created":
+                self.created.append((at, response_id))
+            events = self.responses.setdefault(response_id, {})
+            events.setdefault(kind, (at, event))  # the first of each type for this response
+            self.responses.move_to_end(response_id)
+            while len(self.responses) > MAX_RESPONSES:
+                self.responses.popitem(last=False)
+        self._notify()
+
+    def _on_closed(self) -> None:
+        self._drop("the events channel closed")
+
+    def _on_connection_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self._drop(f"connection {self.pc.connectionState}")
+
+    def _drop(self, reason: str) -> None:
+        if self._hanging_up or self.dropped:
+            return
+        self.dropped, self.drop_reason, self.dropped_at = True, reason, time.monotonic()
+        self._notify()
+
+    # -- listening ----------------------------------------------------------------------
+
+    def first_loud_after(self, t: float) -> float | None:
+        """When the first loud sample heard at or after monotonic time t arrived."""
+        for frame in self.heard:
+            start = frame.loud_from
+            if start is None or frame.at + frame.duration < t:
+                continue
+            if start >= t:
+                return start
+            # t falls inside this frame, after its first loud sample: is there one after t?
+            if frame.loud_until is not None and frame.loud_until > t:
+                return t
+        return None
+
+    def last_loud_between(self, t0: float, t1: float) -> float | None:
+        """The end of the last loud sample heard in frames that arrived between t0 and t1."""
+        ends = [f.loud_until for f in self.heard
+                if t0 <= f.at <= t1 and f.loud_until is not None]
+        return max(ends) if ends else None
+
+    def silences_between(self, t0: float, t1: float) -> list[float]:
+        """Every silence (s) between two loud samples of frames that arrived between t0 and
+        t1, in the stream's media time: the gaps the server sent inside a reply (underruns),
+        not the silence before or after it, and not network or scheduling jitter."""
+        gaps, previous_end = [], None
+        for frame in self.heard:
+            if frame.at < t0 or frame.at > t1 or frame.first_loud is None:
+                continue
+            start = frame.media + frame.first_loud
+            end = frame.media + (frame.last_loud or 0.0)
+            if previous_end is not None and start > previous_end:
+                gaps.append(start - previous_end)
+            previous_end = end if previous_end is None else max(previous_end, end)
+        return gaps
+
+    def lateness_between(self, t0: float, t1: float) -> float:
+        """The longest wait (s) between two frames that arrived between t0 and t1 beyond their
+        distance in the stream: what a caller's jitter buffer had to bridge."""
+        worst, previous = 0.0, None
+        for frame in self.heard:
+            if frame.at < t0 or frame.at > t1:
+                continue
+            if previous is not None and frame.media > previous.media:
+                worst = max(worst, (frame.at - previous.at) - (frame.media - previous.media))
+            previous = frame
+        return worst
+
+    def quiet_since(self) -> float | None:
+        """When the last loud sample heard ended (None: nothing heard yet)."""
+        for frame in reversed(self.heard):
+            if frame.loud_until is not None:
+                return frame.loud_until
+        return None
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio":
+            return
+        receiver = next(t.receiver for t in self.pc.getTransceivers()
+                        if t.receiver.track is track)
+        self._time_packets(receiver)
+        self._tasks.append(asyncio.ensure_future(self._listen(track)))
+
+    def _time_packets(self, receiver: Any) -> None:
+        """Note the arrival of every RTP packet, by its media time, before aiortc's jitter
+        buffer holds it (aiortc 1.16 hands each packet to `_handle_rtp_packet`)."""
+        handle = receiver._handle_rtp_packet
+
+        async def timed(packet: Any, arrival_time_ms: int) -> None:
+            if self._rtp_origin is None:
+                self._rtp_origin = packet.timestamp
+            media_time = (packet.timestamp - self._rtp_origin) & 0xFFFFFFFF
+            self._rtp_arrivals.setdefault(media_time, time.monotonic())
+            while len(self._rtp_arrivals) > _RTP_KEPT:
+                self._rtp_arrivals.popitem(last=False)
+            await handle(packet, arrival_time_ms)
+
+        receiver._handle_rtp_packet = timed
+
+    def _arrival(self, frame: av.AudioFrame) -> float:
+        """When the packet of this decoded frame arrived (its decoding, if it is unknown)."""
+        arrived = self._rtp_arrivals.pop(frame.pts, None) if frame.pts is not None else None
+        if arrived is None:
+            self.rtp_misses += 1
+            return time.monotonic()
+        while self._rtp_arrivals and next(iter(self._rtp_arrivals)) < frame.pts:
+            self._rtp_arrivals.popitem(last=False)  # packets whose frames will never come
+        return arrived
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        """Drain the agent's track (aiortc buffers it without limit otherwise) and note where
+        the sound is in each frame."""
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                self._heard(frame)
+
+    def _heard(self, frame: av.AudioFrame) -> None:
+        at = self._arrival(frame)
+        samples = frame.to_ndarray().reshape(-1)
+        channels = len(frame.layout.channels)
+        loud = np.flatnonzero((samples > LOUD) | (samples < -LOUD))
+        rate = frame.sample_rate
+        first = last = None
+        if loud.size:
+            first = int(loud[0]) // channels / rate
+            last = (int(loud[-1]) // channels + 1) / rate
+        media = frame.pts / rate if frame.pts is not None else self._media_end
+        self._media_end = media + frame.samples / rate
+        self.heard.append(Heard(at, media, frame.samples / rate, first, last))
+        if first is not None and self.speech_ended_at is not None and (
+                self.first_audio_at is None) and at + last > self.speech_ended_at:
+            self.first_audio_at = max(at + first, self.speech_ended_at)
+        if (first is not None) != self._was_loud:
+            self._was_loud = first is not None
+            self._notify()

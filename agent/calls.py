@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 from agent.call import Call
 from agent.config import Settings
+from agent.metrics import Metrics
+from agent.records import CallRecords
 
 
 class CallLimitError(RuntimeError):
@@ -15,14 +18,23 @@ class CallLimitError(RuntimeError):
 class CallRegistry:
     """Live calls by id; a call removes itself when it ends."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        records: CallRecords | None = None,
+    ) -> None:
         self.settings = settings
+        self.records = records
+        self.metrics = metrics if metrics is not None else Metrics()
         self._calls: dict[str, Call] = {}
 
     def new_call(self) -> Call:
         if len(self._calls) >= self.settings.max_calls:
             raise CallLimitError(f"the server holds its maximum of {self.settings.max_calls} calls")
-        call = Call(self.settings, on_ended=self._forget)
+        call = Call(
+            self.settings, on_ended=self._forget, metrics=self.metrics, records=self.records
+        )
         self._calls[call.id] = call
         return call
 
@@ -32,8 +44,12 @@ class CallRegistry:
     def __len__(self) -> int:
         return len(self._calls)
 
+    def __iter__(self) -> Iterator[Call]:
+        """The live calls (a snapshot: a call may end while the caller iterates)."""
+        return iter(list(self._calls.values()))
+
     def _forget(self, call: Call) -> None:
         self._calls.pop(call.id, None)
 
     async def close_all(self) -> None:
-        await asyncio.gather(*(c.close() for c in list(self._calls.values())))
+        await asyncio.gather(*(c.close("server_shutdown") for c in list(self._calls.values())))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,10 +41,16 @@ class ConversationSettings(BaseModel):
 class Settings(BaseModel):
     """Everything `omnivox serve` can be told."""
 
+    # A refused value is named in the error, never echoed: it may be an API key.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     host: str = "127.0.0.1"
     port: int = 8000
     profile: str = "local"
-    data_dir: Path = REPO_ROOT / "data"
+    data_dir: Path = Field(
+        REPO_ROOT / "data",
+        description="call records (records.sqlite3, agent/records.py); created if missing",
+    )
     models_dir: Path = REPO_ROOT / "models"
     web_dir: Path = REPO_ROOT / "web"
     # No public STUN server unless asked for: calls on loopback and LANs need none.
@@ -52,8 +58,59 @@ class Settings(BaseModel):
     max_calls: int = Field(16, ge=1)
     max_sdp_bytes: int = 64 * 1024
     max_event_bytes: int = Field(64 * 1024, description="largest data-channel message accepted")
+    # Per-call limits (agent/call.py); a call that reaches one gets an `error` event naming it
+    # and is hung up.
+    max_events_per_s: float = Field(
+        50.0, gt=0, description="data-channel messages a call may send per second, sustained"
+    )
+    max_event_burst: int = Field(
+        100, ge=1, description="messages a call may send at once before the rate applies"
+    )
+    max_call_s: float = Field(3600.0, gt=0, description="a call is ended after this long")
+    idle_timeout_s: float = Field(
+        300.0, gt=0, description="a call with no caller speech, message or agent audio ends"
+    )
     outbound_queue_ms: int = Field(
         30_000, ge=200, description="agent audio buffered ahead of playback"
     )
     vad: VadSettings = Field(default_factory=VadSettings)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
+    # Authentication (agent/auth.py). No API keys: local mode, every endpoint open. SecretStr
+    # keeps the keys out of reprs and logs.
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="Bearer keys for /v1 (OMNIVOX_API_KEYS, comma-separated)"
+    )
+    client_secret_ttl_s: int = Field(
+        60, ge=1, le=3600, description="client secret lifetime: the default and the longest"
+    )
+    max_client_secrets: int = Field(1024, ge=1, description="client secrets outstanding at once")
+    cors_origins: list[str] = Field(
+        default_factory=list, description="origins allowed cross-origin (OMNIVOX_CORS_ORIGINS)"
+    )
+
+    @field_validator("api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        """Environment variables and config files may give these as one comma-separated string."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        for key in keys:
+            value = key.get_secret_value()
+            if len(value) < 16 or any(c.isspace() or c == "," for c in value):
+                raise ValueError("API keys need at least 16 characters, no spaces or commas")
+        return keys
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _check_origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            scheme, sep, rest = origin.partition("://")
+            if origin != "*" and (scheme not in ("http", "https") or not sep or not rest
+                                  or "/" in rest):
+                raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port]")
+        return origins

@@ -66,12 +66,18 @@ def client_event_models() -> dict[str, type[BaseModel]]:
 
 def parse_client_event(raw: str | bytes, max_bytes: int) -> BaseModel:
     """Decode and validate one client event; raise ClientEventError saying what is wrong."""
-    if len(raw) > max_bytes:
-        raise ClientEventError("message_too_large", f"event of {len(raw)} bytes > {max_bytes}")
+    # A text message's size is its UTF-8 length (what crossed the wire), not its characters.
+    size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ClientEventError("message_too_large", f"event of {size} bytes > {max_bytes}")
     try:
-        data = json.loads(raw)
+        # Binary messages must be UTF-8 too (RFC 8259): json.loads would also guess UTF-16/32
+        # and let lone surrogates through.
+        data = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ClientEventError("invalid_json", f"event is not valid JSON: {exc}") from None
+    except RecursionError:  # "[[[[...": json's C parser recurses once per level
+        raise ClientEventError("invalid_json", "event is nested too deeply") from None
     if not isinstance(data, dict):
         raise ClientEventError("invalid_event", "event must be a JSON object")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None

@@ -17,6 +17,7 @@ from agent.client_events import ClientEventDispatch
 from agent.config import ConversationSettings
 from agent.events import new_id, server_event
 from agent.history import Conversation
+from agent.logs import context as log_context
 from agent.reply import Reply, State, done_events, reply_event
 from media.vad import SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
@@ -82,7 +83,8 @@ class Session(ClientEventDispatch):
             log.debug("call %s: onset ignored by echo guard", self.call.id)
             return
         if self._barge_in_watch is None or self._barge_in_watch.done():
-            self._barge_in_watch = asyncio.ensure_future(self._watch_barge_in(reply))
+            with log_context(turn_id=reply.turn_id):
+                self._barge_in_watch = asyncio.ensure_future(self._watch_barge_in(reply))
 
     def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None:
         if self.audible_reply() is not None:
@@ -116,6 +118,7 @@ class Session(ClientEventDispatch):
         while vad.in_speech and self.audible_reply() is reply:
             if vad.voiced_ms >= self.settings.barge_in_min_ms:
                 log.info("call %s: barge-in after %d ms of speech", self.call.id, vad.voiced_ms)
+                self.call.metrics.barge_ins.inc()
                 self.interrupt("turn_detected")
                 return
             await asyncio.sleep(BARGE_IN_POLL_S)
@@ -180,7 +183,8 @@ class Session(ClientEventDispatch):
             )
         )
         self.call.send_event(server_event("conversation.item.created", item=item))
-        reply.task = asyncio.ensure_future(self._run(reply, turn))
+        with log_context(turn_id=reply.turn_id):  # the reply's tasks log as its turn's
+            reply.task = asyncio.ensure_future(self._run(reply, turn))
         return reply
 
     def _take_unanswered(self) -> tuple[np.ndarray | None, str | None]:
@@ -228,6 +232,7 @@ class Session(ClientEventDispatch):
             reply.audio_base_ms = outbound.played_ms + outbound.queued_ms
             reply.first_audio_at = asyncio.get_running_loop().time()
             self.state = State.SPEAKING
+            self.call.metrics.first_audio(reply.first_audio_at - reply.started_at)
             log.info(
                 "call %s: first audio %.0f ms after the turn began",
                 self.call.id,
@@ -266,10 +271,14 @@ class Session(ClientEventDispatch):
         if reply.finished:
             return
         reply.finished = True
+        self.call.metrics.turn_ended(status, reply.usage)
         transcript = reply.text if text is None else text
         item = self.conversation.get(reply.item_id)
         if item is not None:
             item.text = transcript
+        # Recorded before response.done goes out: whoever saw that event finds the turn.
+        self.call.records.turn_ended(self.call.id, reply, self.conversation, status, transcript,
+                                     error=error, reason=reason)
         for event in done_events(reply, status, transcript, usage, error, reason):
             self.call.send_event(event)
         # A cancelled reply finishes after its aborts: by then a newer one may have ended.
@@ -293,7 +302,9 @@ class Session(ClientEventDispatch):
         self.reply = None
         self.state = State.LISTENING
         self._silence(reply, audio_end_ms)
-        self.call.spawn(self._abort(reply, reason))
+        self.call.metrics.cancels.labels(reason).inc()
+        with log_context(turn_id=reply.turn_id):
+            self.call.spawn(self._abort(reply, reason))
         return True
 
     async def _abort(self, reply: Reply, reason: str) -> None:
@@ -366,6 +377,9 @@ class Session(ClientEventDispatch):
             self._barge_in_watch.cancel()
         if self.reply is not None:
             reply, self.reply = self.reply, None
+            self.call.metrics.turn_ended("cancelled", None)  # the call hung up mid-reply
+            self.call.records.turn_ended(self.call.id, reply, self.conversation, "cancelled",
+                                         self._heard(reply), reason="call_ended")
             await self.pipeline.cancel(reply.turn_id)
             if reply.task is not None:
                 reply.task.cancel()

@@ -8,6 +8,7 @@ import logging
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from agent import logs
 from agent.calls import CallLimitError, CallRegistry
 from media.sdp import SdpError, check_offer
 
@@ -36,6 +37,13 @@ async def read_body(request: Request, limit: int) -> bytes | None:
     return bytes(body)
 
 
+def refuse(request: Request, status: int, code: str, message: str, **headers: str
+           ) -> JSONResponse:
+    """A call offer refused for want of room, readiness or time: counted, then answered."""
+    request.app.state.metrics.calls_refused.labels(code).inc()
+    return json_error(status, code, message, **headers)
+
+
 @router.post("/v1/realtime/calls", status_code=201)
 async def create_call(request: Request) -> Response:
     """Answer a caller's SDP offer and start the call."""
@@ -55,23 +63,27 @@ async def create_call(request: Request) -> Response:
         return json_error(400, "invalid_sdp", str(exc))
     readiness = request.app.state.readiness
     if not readiness.ready():
-        return json_error(503, "not_ready", readiness.summary(), **{"Retry-After": "5"})
+        if readiness.failed():  # given up for good: no Retry-After, an operator must act
+            return refuse(request, 503, "stage_failed", readiness.summary())
+        return refuse(request, 503, "not_ready", readiness.summary(), **{"Retry-After": "5"})
     calls: CallRegistry = request.app.state.calls
     try:
         call = calls.new_call()
     except CallLimitError as exc:
-        return json_error(503, "too_many_calls", str(exc), **{"Retry-After": "5"})
+        return refuse(request, 503, "too_many_calls", str(exc), **{"Retry-After": "5"})
+    logs.bind_call(call.id)  # this request, and every task the call starts from here
     try:
         answer = await asyncio.wait_for(
             call.answer(offer, request.app.state.handler_factory), NEGOTIATION_TIMEOUT_S
         )
     except TimeoutError:
         await call.close()
-        return json_error(504, "negotiation_timeout", "could not build an answer in time")
+        return refuse(request, 504, "negotiation_timeout", "could not build an answer in time")
     except Exception as exc:  # aiortc refuses offers it cannot negotiate in many ways
         await call.close()
         log.info("offer refused: %s", exc)
         return json_error(400, "invalid_sdp", f"cannot negotiate this offer: {exc}")
+    request.app.state.metrics.calls_started.inc()
     log.info("call %s started (%d live)", call.id, len(calls))
     return Response(
         content=answer,

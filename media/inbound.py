@@ -1,11 +1,13 @@
 """The caller's incoming audio: one remote track, always drained, cut into 16 kHz 20 ms frames.
 
 aiortc queues decoded frames without limit when nobody reads a remote track, so `InboundAudio`
-reads for as long as the track lives, whatever its consumer does with the frames.
+reads for as long as the track lives, whatever its consumer does with the frames, and drops the
+oldest frames when a caller sends faster than they can be consumed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -18,6 +20,10 @@ logger = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
 FRAME_SAMPLES = 320  # 20 ms at 16 kHz, the VAD's frame
+# Decoded frames allowed to wait in the track's queue (5 s of 20 ms packets, about 1 MiB at
+# 48 kHz stereo): a caller sending faster than real time, or a stalled loop, costs this much
+# memory at most; beyond it the oldest half is dropped.
+MAX_BACKLOG_FRAMES = 250
 
 
 class InboundAudio:
@@ -32,11 +38,17 @@ class InboundAudio:
         self._carry = np.zeros(0, dtype=np.int16)  # < FRAME_SAMPLES samples left over
         self._frames_in = 0
         self._frames_out = 0
+        self._frames_dropped = 0
 
     @property
     def frames_in(self) -> int:
         """Decoded audio frames read from the track so far."""
         return self._frames_in
+
+    @property
+    def frames_dropped(self) -> int:
+        """Frames dropped unread because the track's backlog grew past MAX_BACKLOG_FRAMES."""
+        return self._frames_dropped
 
     @property
     def frames_out(self) -> int:
@@ -51,6 +63,7 @@ class InboundAudio:
             except MediaStreamError:
                 break
             self._frames_in += 1
+            self._drop_backlog()
             try:
                 self._emit(self._resample(frame))
             except Exception:  # one bad frame must not stop the draining
@@ -58,6 +71,23 @@ class InboundAudio:
         self._emit(self._flush_resampler())
         logger.debug("inbound track ended after %d frames in, %d out",
                      self._frames_in, self._frames_out)
+
+    def _drop_backlog(self) -> None:
+        """Bound the frames aiortc holds for this track (its queue is unbounded and private;
+        without one there is nothing to bound)."""
+        queue = getattr(self._track, "_queue", None)
+        if not isinstance(queue, asyncio.Queue) or queue.qsize() <= MAX_BACKLOG_FRAMES:
+            return
+        dropped = 0
+        while queue.qsize() > MAX_BACKLOG_FRAMES // 2:
+            frame = queue.get_nowait()
+            if frame is None:  # the end of the track is always last: leave it for recv()
+                queue.put_nowait(None)
+                break
+            dropped += 1
+        self._frames_dropped += dropped
+        logger.warning("inbound audio %d frames behind: dropped the oldest %d",
+                       dropped + queue.qsize(), dropped)
 
     def _resample(self, frame: av.AudioFrame) -> list[np.ndarray]:
         source = (frame.format.name, frame.layout.name, frame.sample_rate)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from aiortc import (
     RTCConfiguration,
     RTCIceServer,
@@ -9,8 +11,11 @@ from aiortc import (
     RTCRtpSender,
     RTCSessionDescription,
 )
+from aiortc.rtcsctptransport import WEBRTC_BINARY, WEBRTC_STRING
 
 from media.sdp import AUDIO_CODECS, without_mdns_candidates
+
+log = logging.getLogger(__name__)
 
 
 def new_peer_connection(ice_servers: list[str]) -> RTCPeerConnection:
@@ -36,6 +41,33 @@ async def apply_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
     """Set the caller's offer as the remote description, minus mDNS candidates."""
     offer = RTCSessionDescription(sdp=without_mdns_candidates(offer_sdp), type="offer")
     await pc.setRemoteDescription(offer)
+    if pc.sctp is not None:
+        guard_data_channel_receive(pc.sctp)
+
+
+def guard_data_channel_receive(sctp: object) -> None:
+    """Keep one bad data-channel message from ending the call.
+
+    aiortc decodes text messages as strict UTF-8 (and parses channel-open messages) inside its
+    DTLS receive loop, where any exception tears down the whole transport: a single text
+    message that is not UTF-8 would drop the call without a word. Such text is handed on as
+    binary instead (the call's own parsing answers it with an error event), and a message that
+    still makes aiortc raise is logged and dropped.
+    """
+    receive = sctp._data_channel_receive  # type: ignore[attr-defined]
+
+    async def guarded(stream_id: int, pp_id: int, data: bytes) -> None:
+        if pp_id == WEBRTC_STRING:
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                pp_id = WEBRTC_BINARY
+        try:
+            await receive(stream_id, pp_id, data)
+        except Exception:
+            log.warning("dropped a data-channel message aiortc could not take", exc_info=True)
+
+    sctp._data_channel_receive = guarded  # type: ignore[attr-defined]
 
 
 async def create_answer(pc: RTCPeerConnection) -> str:

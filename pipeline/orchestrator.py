@@ -3,7 +3,7 @@
 It owns the shared block pool (created at start, unlinked at stop), the supervisor of the
 stage workers, one `StageClient` per stage, and the registry of turns in flight:
 `respond(turn)` runs a turn and streams its events, `cancel(turn_id)` stops one, `health()`
-answers readiness checks.
+answers readiness checks and `on_stage_failed(listener)` hears of a stage given up for good.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ class Pipeline:
         self._clients: dict[str, StageClient] = {}
         self._runs: dict[str, TurnRun] = {}
         self._starting = False
+        self._failure_listeners: list[Callable[[str, str], None]] = []
 
     async def start(self) -> None:
         """Build missing models, create the pool, start the workers; wait until each stage is
@@ -86,7 +87,8 @@ class Pipeline:
             client.connect()
             self._clients[spec.stage] = client
         self._supervisor = Supervisor(specs, s.restart, f"ipc://{self._dir}/control.sock",
-                                      self.pool, on_lost=self._on_stage_lost)
+                                      self.pool, on_lost=self._on_stage_lost,
+                                      on_failed=self._on_stage_failed)
         await self._supervisor.start()
         health = self.health()
         ready = [st for st, status in health.stages.items() if status.state == StageState.READY]
@@ -180,8 +182,21 @@ class Pipeline:
         run.start()
         return run
 
+    def on_stage_failed(self, listener: Callable[[str, str], None]) -> None:
+        """Call `listener(stage, reason)` (on the event loop) when a stage is marked failed:
+        its worker could not be started `max_attempts` times in a row and will not be retried,
+        so every turn fails from then on. The agent uses it to tell its live calls."""
+        self._failure_listeners.append(listener)
+
     def _on_stage_lost(self, stage: str, reason: str) -> None:
         self._clients[stage].fail_pending(reason)
+
+    def _on_stage_failed(self, stage: str, reason: str) -> None:
+        for listener in self._failure_listeners:
+            try:
+                listener(stage, reason)
+            except Exception:  # one broken listener must not silence the others
+                logger.exception("stage-failure listener %r failed", listener)
 
     def _spec(self, stage: str, owner: int) -> WorkerSpec:
         s = self.settings

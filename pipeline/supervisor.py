@@ -5,7 +5,8 @@ waits for `Ready` (or `StartFailed`, an exit, or the start timeout), then watche
 worker through its process sentinel and its heartbeats. When a worker dies or hangs: its
 in-flight requests are failed (`on_lost`), its whole process group is killed (no orphaned
 engine processes), its pool blocks are reclaimed, and after a back-off a new one is started.
-Consecutive failed starts past `max_attempts` mark the stage failed, with the reason.
+Consecutive failed starts past `max_attempts` mark the stage failed, with the reason, and
+`on_failed` tells the pipeline's owner (a failed stage is never restarted: calls must hear of it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 _SPAWN = multiprocessing.get_context("spawn")
 _LATE_REASON_S = 0.5  # after an exit at start, how long StartFailed may still be on its way
+_EXIT_STATUS_WAIT_S = 2.0  # after the sentinel closes, how long the exit status may take
 
 
 class StageState(enum.StrEnum):
@@ -78,9 +80,10 @@ class Supervisor:
     """Owns the stage worker processes of one pipeline."""
 
     def __init__(self, specs: list[WorkerSpec], policy: RestartPolicy, control_endpoint: str,
-                 pool: BlockPool, on_lost: Callable[[str, str], None]) -> None:
+                 pool: BlockPool, on_lost: Callable[[str, str], None],
+                 on_failed: Callable[[str, str], None] | None = None) -> None:
         self.policy, self.control_endpoint = policy, control_endpoint
-        self.pool, self.on_lost = pool, on_lost
+        self.pool, self.on_lost, self.on_failed = pool, on_lost, on_failed
         self._slots = {spec.stage: _Slot(spec) for spec in specs}
         self._ctx = zmq.asyncio.Context.instance()
         self._control: zmq.asyncio.Socket | None = None
@@ -137,6 +140,8 @@ class Supervisor:
                 slot.update(state=StageState.FAILED, pid=None,
                             reason=f"{reason} ({failures} failed starts in a row)")
                 slot.settled.set()
+                if self.on_failed is not None:
+                    self.on_failed(slot.spec.stage, slot.status.reason)
                 return
             slot.update(pid=None, restarts=slot.status.restarts + 1)
             await asyncio.sleep(min(self.policy.backoff_s * 2 ** max(failures - 1, 0),
@@ -161,7 +166,7 @@ class Supervisor:
         await _wait(slot.started, _LATE_REASON_S)  # the reason may trail the exit a little
         if slot.started.done():
             return f"failed to start: {slot.started.result().reason}"
-        return f"failed to start: {_exit_reason(process)}"
+        return f"failed to start: {await _exit_reason(process)}"
 
     async def _until_lost(self, slot: _Slot) -> str:
         """Watch a ready worker until it exits or stops beating; why it was lost."""
@@ -169,7 +174,7 @@ class Supervisor:
         while True:
             await _wait(slot.exited, self.policy.heartbeat_s)
             if slot.exited.done():
-                return _exit_reason(slot.process)
+                return await _exit_reason(slot.process)
             silent = loop.time() - slot.last_beat
             if silent > self.policy.heartbeat_timeout_s:
                 return f"no heartbeat for {silent:.1f} s (hung); killed"
@@ -239,11 +244,16 @@ def _exit_future(process: BaseProcess) -> asyncio.Future[None]:
     return fut
 
 
-def _exit_reason(process: BaseProcess) -> str:
-    process.join(0)
+async def _exit_reason(process: BaseProcess) -> str:
+    """How the worker ended. Its sentinel closes while the kernel is still tearing it down,
+    a moment before the exit status can be collected (tens of ms for a worker with a big
+    engine): wait for the status, without blocking the loop, rather than report none."""
+    deadline = asyncio.get_running_loop().time() + _EXIT_STATUS_WAIT_S
+    while process.exitcode is None and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
     code = process.exitcode
     if code is None:
-        return "still running"
+        return "worker ended (its exit status did not come)"
     if code < 0:
         return f"worker killed by {signal.Signals(-code).name}"
     return f"worker exited with code {code}"

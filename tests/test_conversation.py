@@ -22,6 +22,7 @@ from tests.product_calls import (
     session_of,
     spoken,
     types,
+    update_session,
     wait_until,
 )
 from tests.rtc_client import RtcCaller
@@ -115,10 +116,12 @@ async def interrupt_and_check(served: Served, caller: RtcCaller, interrupt,
     return truncated["audio_end_ms"]
 
 
-def assert_heard_until_the_cut(caller: RtcCaller, audio_end_ms: int, bursts: int) -> None:
-    """The caller heard the reply up to audio_end_ms, then silence (then the next reply)."""
-    heard = caller.loud_bursts(LOUD)
-    assert len(heard) == bursts, heard
+def assert_heard_until_the_cut(caller: RtcCaller, audio_end_ms: int, replies: int) -> None:
+    """The caller heard the reply up to audio_end_ms, then silence (then the next reply, which
+    starts no sooner than the caller's two-second utterance ends: shorter silences are underruns
+    inside a reply, which a loaded machine may cause, and count as part of it)."""
+    heard = caller.loud_bursts(LOUD, min_gap_ms=1500)
+    assert len(heard) == replies, heard
     assert abs(heard[0] - audio_end_ms) <= 200, (heard, audio_end_ms)
 
 
@@ -134,6 +137,8 @@ async def test_barge_in_cuts_the_reply_and_answers_the_new_utterance(
             await caller.wait_for("response.done", timeout=60)  # generated; still playing
 
         async def speak() -> None:
+            if generating:
+                update_session(caller, max_output_tokens=96)  # the answer: a short one
             caller.audio.replace(question[int(0.4 * 48_000):])
 
         audio_end_ms = await interrupt_and_check(tiny_server, caller, speak, generating)
@@ -143,7 +148,7 @@ async def test_barge_in_cuts_the_reply_and_answers_the_new_utterance(
         assert answered["response"]["status"] in ("completed", "cancelled")
         await caller.wait_for("output_audio_buffer.started", count=2, timeout=30)
         await asyncio.sleep(1.0)
-        assert_heard_until_the_cut(caller, audio_end_ms, bursts=2)
+        assert_heard_until_the_cut(caller, audio_end_ms, replies=2)
     finally:
         await caller.hang_up()
 
@@ -160,7 +165,7 @@ async def test_client_cancel_stops_the_reply(tiny_server: Served, how: str) -> N
 
         audio_end_ms = await interrupt_and_check(tiny_server, caller, cancel, generating=True)
         await asyncio.sleep(1.5)
-        assert_heard_until_the_cut(caller, audio_end_ms, bursts=1)
+        assert_heard_until_the_cut(caller, audio_end_ms, replies=1)
         assert len(caller.of_type("response.created")) == 1
     finally:
         await caller.hang_up()

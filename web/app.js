@@ -5,6 +5,7 @@ import { audioConstraints } from "./config.js";
 import { Conversation } from "./conversation.js";
 import { StreamLevel } from "./levels.js";
 import { RealtimeCall } from "./rtc.js";
+import { takeClientSecret } from "./secret.js";
 import { summarize, View } from "./ui.js";
 
 const POLL_MS = 20; // level sampling period: the latency figure is accurate to about this
@@ -12,6 +13,12 @@ const MAX_DIAGNOSTIC_EVENTS = 1000;
 
 const view = new View(document);
 const constraints = audioConstraints(new URLSearchParams(window.location.search));
+// The client secret for the next call (secret.js), when the page was given one.
+let clientSecret = takeClientSecret(window);
+window.addEventListener("hashchange", () => {
+  clientSecret = takeClientSecret(window) || clientSecret;
+  diagnostics.hasClientSecret = Boolean(clientSecret);
+});
 
 /**
  * Test and diagnostic hook, read with page.evaluate() by the browser tests or from the devtools
@@ -27,6 +34,7 @@ const diagnostics = {
   callUrl: null, // the call's Location while it lasts
   ended: null, // why the last call ended
   lastError: null, // {code, message} of the last failure
+  hasClientSecret: Boolean(clientSecret), // whether the next call has a secret (never the value)
 };
 window.omnivox = diagnostics;
 
@@ -40,15 +48,18 @@ class PageCall {
     this.mic = null;
     this.remote = null;
     this.latencyCount = 0;
-    this.call = new RealtimeCall({
-      onEvent: (event) => this.onEvent(event),
-      onState: (state) => this.onState(state),
-      onLocalStream: (stream) => {
-        this.mic = new StreamLevel(this.audio, stream);
+    this.call = new RealtimeCall(
+      {
+        onEvent: (event) => this.onEvent(event),
+        onState: (state) => this.onState(state),
+        onLocalStream: (stream) => {
+          this.mic = new StreamLevel(this.audio, stream);
+        },
+        onRemoteStream: (stream) => this.onRemoteStream(stream),
+        onEnded: (reason) => this.onEnded(reason),
       },
-      onRemoteStream: (stream) => this.onRemoteStream(stream),
-      onEnded: (reason) => this.onEnded(reason),
-    });
+      clientSecret,
+    );
     this.timer = setInterval(() => this.tick(), POLL_MS);
   }
 
@@ -56,6 +67,11 @@ class PageCall {
     this.audio.resume().catch(() => {});
     this.log("local", "call.connecting", "asking for the microphone");
     await this.call.start(constraints);
+    if (this.call.location) {
+      // The server took the secret for this call: it cannot place another.
+      clientSecret = null;
+      diagnostics.hasClientSecret = false;
+    }
     if (this.call.ended) return;
     diagnostics.callUrl = this.call.location;
     this.log("local", "call.answered", this.call.location || "");
@@ -178,7 +194,11 @@ async function connect() {
     const code = error.code || error.name || "error";
     diagnostics.lastError = { code, message: error.message };
     view.log(call ? call.seconds() : 0, "error", code, error.message);
-    view.setStatus(`Could not connect: ${error.message}`, "error");
+    const hint =
+      error.status === 401
+        ? " (this server needs a client secret: open the page through your deployment's link)"
+        : "";
+    view.setStatus(`Could not connect: ${error.message}${hint}`, "error");
     if (call) await call.hangUp("failed to connect");
     else view.setCallButton("connect");
   }

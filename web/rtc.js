@@ -2,7 +2,8 @@
 // and OpenAI Realtime events travel both ways on the `oai-events` data channel.
 //
 // Signalling is OpenAI's Realtime WebRTC shape: POST the offer SDP to /v1/realtime/calls,
-// get the answer SDP and a Location to DELETE when hanging up.
+// get the answer SDP and a Location to DELETE when hanging up. When the server requires
+// authentication, both requests carry the call's client secret as a Bearer token.
 
 export const EVENTS_CHANNEL = "oai-events";
 const CALLS_URL = "/v1/realtime/calls";
@@ -25,10 +26,12 @@ export class CallError extends Error {
  *   onLocalStream(stream)     the microphone stream, once granted
  *   onRemoteStream(stream)    the agent's audio stream
  *   onEnded(reason)           the call is over (hang-up, server close or failure); called once
+ * `clientSecret` (optional): the Bearer token for the server's signalling requests.
  */
 export class RealtimeCall {
-  constructor(callbacks = {}) {
+  constructor(callbacks = {}, clientSecret = null) {
     this.callbacks = callbacks;
+    this.auth = clientSecret ? { Authorization: `Bearer ${clientSecret}` } : {};
     this.pc = null;
     this.channel = null;
     this.localStream = null;
@@ -61,7 +64,7 @@ export class RealtimeCall {
     if (this.ended) return;
     const reply = await fetch(CALLS_URL, {
       method: "POST",
-      headers: { "Content-Type": "application/sdp" },
+      headers: { "Content-Type": "application/sdp", ...this.auth },
       body: pc.localDescription.sdp,
     });
     if (reply.status !== 201) throw await errorFrom(reply);
@@ -70,7 +73,11 @@ export class RealtimeCall {
     const answer = await reply.text();
     if (this.ended) {
       // Hung up while the offer was in flight: the server has the call, so end it there too.
-      if (callUrl) await fetch(callUrl, { method: "DELETE", keepalive: true }).catch(() => {});
+      if (callUrl) {
+        await fetch(callUrl, { method: "DELETE", headers: this.auth, keepalive: true }).catch(
+          () => {},
+        );
+      }
       return;
     }
     this.location = callUrl;
@@ -96,6 +103,7 @@ export class RealtimeCall {
       // while the page is being closed.
       await fetch(location, {
         method: "DELETE",
+        headers: this.auth,
         keepalive: true,
         signal: AbortSignal.timeout(HANG_UP_TIMEOUT_MS),
       }).catch(() => {});

@@ -16,6 +16,7 @@ from contextlib import aclosing
 from typing import Any
 
 from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
+from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.local.build import ASR_DIR, LLM_DIR
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from pipeline.families.local.stage_support import family_dir
@@ -79,7 +80,8 @@ class LocalThinker(Stage):
         finally:
             self.preparing.discard(rid)
             self.aborted.discard(rid)
-        deltas = self.engine.generate(rid, prompt, self._sampling(job))
+        budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
+        deltas = self.engine.generate(rid, prompt, self._sampling(job, budget))
         async with aclosing(deltas):
             async for delta in deltas:
                 yield ThinkerOutput(rid, text=delta.text, token_ids=delta.token_ids,
@@ -89,18 +91,14 @@ class LocalThinker(Stage):
         """The chat-templated prompt's token ids; the oldest turns go when it is too long."""
         if not messages or messages[0].get("role") != "system":
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
-        system, turns = messages[:1], messages[1:]
-        while True:
-            text = self.tokenizer.apply_chat_template(system + turns, add_generation_prompt=True,
-                                                      tokenize=False)
-            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-            if len(ids) + max_tokens <= self.max_model_len:
-                return ids
-            if len(turns) <= 1:
-                raise ValueError(f"prompt of {len(ids)} tokens plus {max_tokens} to generate "
-                                 f"exceeds max_model_len {self.max_model_len}")
-            logger.info("history too long (%d tokens): dropping its oldest turn", len(ids))
-            turns = turns[1:]
+        fitted = fit_history(messages, lambda m: len(self._template_ids(m)), max_tokens,
+                             self.max_model_len)
+        return self._template_ids(fitted)
+
+    def _template_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                  tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def abort(self, request_ids: list[str]) -> None:
         """Abort in the engine; requests still being heard end before reaching it."""
@@ -115,10 +113,10 @@ class LocalThinker(Stage):
         self.hearing.close()
         self.prompting.close()
 
-    def _sampling(self, job: ThinkerJob) -> Sampling:
+    def _sampling(self, job: ThinkerJob, max_tokens: int) -> Sampling:
         settings = self.ctx.settings
         return Sampling(
-            max_tokens=job.max_tokens,
+            max_tokens=max_tokens,
             temperature=float(settings.get("temperature", 0.0)),
             top_p=float(settings.get("top_p", 1.0)),
             seed=settings.get("seed"),

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import TYPE_CHECKING
 
 from pipeline.engines.vllm import Sampling, VllmEngine, json_schema_of
+from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.tiny.stage_support import (
     EngineStage,
     TorchThread,
@@ -22,6 +24,10 @@ from pipeline.families.tiny.stage_support import (
 )
 from pipeline.families.tiny.thinker_prompt import ThinkerPromptBuilder
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 class TinyThinker(EngineStage):
@@ -39,11 +45,9 @@ class TinyThinker(EngineStage):
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         audio = None if job.audio is None else self.ctx.take(job.audio)
-        prompt = await self.torch.run(self.prompts.build, job.messages, audio)
-        if len(prompt) + job.max_tokens > self.max_model_len:
-            raise ValueError(f"{job.request_id}: prompt of {len(prompt)} positions plus "
-                             f"{job.max_tokens} tokens exceeds max_model_len {self.max_model_len}")
-        deltas = self.engine.generate(job.request_id, prompt, self._sampling(job))
+        prompt = await self.torch.run(self._prompt, job.messages, audio, job.max_tokens)
+        budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
+        deltas = self.engine.generate(job.request_id, prompt, self._sampling(job, budget))
         async with aclosing(deltas):
             async for delta in deltas:
                 embeds = None
@@ -54,11 +58,18 @@ class TinyThinker(EngineStage):
                                     embeds=embeds, finished=delta.finished,
                                     finish_reason=delta.finish_reason)
 
-    def _sampling(self, job: ThinkerJob) -> Sampling:
+    def _prompt(self, messages: list[dict[str, str]], audio: np.ndarray | None,
+                max_tokens: int) -> torch.Tensor:
+        """The prompt embeddings; the oldest turns go when the history is too long."""
+        fitted = fit_history(list(messages), lambda m: len(self.prompts.build(m, audio)),
+                             max_tokens, self.max_model_len, keep=0 if audio is not None else 1)
+        return self.prompts.build(fitted, audio)
+
+    def _sampling(self, job: ThinkerJob, max_tokens: int) -> Sampling:
         settings = self.ctx.settings
         schema = json_schema_of(job.response_format) if job.response_format else None
         return Sampling(
-            max_tokens=job.max_tokens,
+            max_tokens=max_tokens,
             temperature=float(settings.get("temperature", 0.0)),
             seed=settings.get("seed"),
             # Random weights never choose EOS on purpose: a fixed length keeps tests exact.

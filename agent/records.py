@@ -1,0 +1,373 @@
+"""Call records: every call and each of its turns, kept in SQLite under the data directory.
+
+A turn is written (and committed on its own) the moment it completes, so a crash of the API
+process — kill -9 included — loses nothing that had completed. The database runs in WAL mode:
+the GET route's reads never wait behind a write, and a commit is one append to the log.
+
+sqlite3 is synchronous, so nothing here touches the database from the event loop. One writer
+thread owns the only connection and runs jobs from a bounded queue, in order:
+
+- one thread rather than `asyncio.to_thread` with a connection per thread: SQLite takes one
+  writer at a time anyway (several would only queue on its file lock and risk SQLITE_BUSY), a
+  connection is tied to the thread that made it, and the default executor is shared with other
+  work whose threads would each hold a connection forever;
+- reads go through the same queue, behind every write submitted before them: a reader that saw
+  `response.done` (the turn is queued before that event is sent) always finds the turn;
+- a full queue (the disk stalls, or something else holds the database's lock) drops the new
+  record with an error log and a count (`dropped`): blocking the producer would block the event
+  loop, and with it the audio pacing of every live call. Losing a record is the lesser harm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.history import Conversation
+from agent.reply import Reply
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "records.sqlite3"
+SCHEMA_VERSION = 1
+QUEUE_MAX = 1024  # records waiting for the writer; a turn is one record, so this is minutes
+BUSY_TIMEOUT_S = 10.0  # how long a write waits for another process's lock on the database
+CLOSE_TIMEOUT_S = 5.0  # shutdown waits this long for the queue to drain (SIGTERM has 30 s)
+DROP_LOG_EVERY_S = 5.0  # a stalled disk drops many records: one error line per interval
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    call_id    TEXT PRIMARY KEY,
+    profile    TEXT,
+    started_at REAL NOT NULL,     -- unix seconds: the call was answered
+    ended_at   REAL,              -- NULL while live, or when the server died first
+    end_reason TEXT               -- hangup, connection_closed, connect_timeout, ...
+);
+CREATE TABLE IF NOT EXISTS turns (
+    call_id          TEXT NOT NULL,
+    turn_id          TEXT NOT NULL,
+    response_id      TEXT NOT NULL UNIQUE,
+    item_id          TEXT NOT NULL,   -- the assistant item
+    user_item_id     TEXT,            -- the (last) user item the reply answered
+    user_transcript  TEXT,
+    agent_transcript TEXT NOT NULL,   -- for a cut reply: what the caller heard
+    status           TEXT NOT NULL CHECK (status IN ('completed', 'cancelled', 'failed')),
+    reason           TEXT,            -- why it was cancelled
+    error            TEXT,            -- why it failed
+    started_at       REAL NOT NULL,   -- unix seconds
+    first_audio_ms   REAL,            -- after started_at: first audio queued for the caller
+    first_frame_ms   REAL,            -- after started_at: first frame handed to the sender
+    ended_at         REAL NOT NULL,   -- unix seconds
+    audio_ms         INTEGER NOT NULL,  -- agent audio generated
+    cut_ms           INTEGER,         -- the audio was cut here (barge-in, cancel, truncate)
+    underruns        INTEGER NOT NULL,
+    usage            TEXT             -- JSON: the pipeline's token counts and stage times
+);
+CREATE INDEX IF NOT EXISTS turns_by_call ON turns (call_id, started_at);
+"""
+
+
+class RecordsBusyError(RuntimeError):
+    """The writer's queue is full: the record (or read) was not taken."""
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One finished turn as it is stored (a row of `turns`)."""
+
+    call_id: str
+    turn_id: str
+    response_id: str
+    item_id: str
+    user_item_id: str | None
+    user_transcript: str | None
+    agent_transcript: str
+    status: str
+    reason: str | None
+    error: str | None
+    started_at: float
+    first_audio_ms: float | None
+    first_frame_ms: float | None
+    ended_at: float
+    audio_ms: int
+    cut_ms: int | None
+    underruns: int
+    usage: str | None
+
+
+def turn_record(
+    call_id: str,
+    reply: Reply,
+    conversation: Conversation,
+    status: str,
+    transcript: str,
+    *,
+    error: str | None = None,
+    reason: str | None = None,
+) -> TurnRecord:
+    """The record of `reply` ending now (call on the event loop: its times are loop times)."""
+    loop_now, wall_now = asyncio.get_running_loop().time(), time.time()
+
+    def after_start_ms(at: float | None) -> float | None:
+        return None if at is None else round((at - reply.started_at) * 1000, 1)
+
+    user_text, user_item_id = _user_part(conversation, reply)
+    return TurnRecord(
+        call_id=call_id,
+        turn_id=reply.turn_id,
+        response_id=reply.response_id,
+        item_id=reply.item_id,
+        user_item_id=user_item_id,
+        user_transcript=user_text,
+        agent_transcript=transcript,
+        status=status,
+        reason=reason,
+        error=error,
+        started_at=wall_now - (loop_now - reply.started_at),
+        first_audio_ms=after_start_ms(reply.first_audio_at),
+        first_frame_ms=after_start_ms(reply.first_frame_at),
+        ended_at=wall_now,
+        audio_ms=reply.spoken.total_ms,
+        cut_ms=reply.cut_ms,
+        underruns=reply.underruns,
+        usage=json.dumps(reply.usage, default=str) if reply.usage is not None else None,
+    )
+
+
+def _user_part(conversation: Conversation, reply: Reply) -> tuple[str | None, str | None]:
+    """What the caller said that the reply answered: the user items (typed or spoken) since the
+    previous assistant item, and the id of the last one."""
+    items = conversation.items
+    end = next((i for i, item in enumerate(items) if item.item_id == reply.item_id), None)
+    users = []
+    for item in reversed(items[:end] if end is not None else []):
+        if item.role != "user":
+            break
+        users.insert(0, item)
+    text = " ".join(item.text for item in users if item.text) or None
+    last_id = reply.user_item_id or (users[-1].item_id if users else None)
+    return text, last_id
+
+
+Job = Callable[[sqlite3.Connection], Any]
+
+
+class CallRecords:
+    """The record store: open it once (lifespan), hand it to every call, close it last.
+
+    Producers (`call_started`, `call_ended`, `turn_ended`) run on the event loop and never
+    block; they return whether the record was queued. A store made with `data_dir=None`, or
+    not open, takes nothing (a server built without its lifespan, and unit tests of calls).
+    """
+
+    def __init__(self, data_dir: Path | None, queue_max: int = QUEUE_MAX) -> None:
+        self.path = data_dir / DB_NAME if data_dir is not None else None
+        self.dropped = 0
+        self._queue: queue.Queue[tuple[Job, concurrent.futures.Future[Any] | None] | None] = (
+            queue.Queue(maxsize=queue_max)
+        )
+        self._thread: threading.Thread | None = None
+        self._last_drop_log = 0.0
+
+    @property
+    def is_open(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- lifetime (blocking: call through asyncio.to_thread) ----------------------------------
+
+    def open(self) -> None:
+        """Create the data directory and database if missing and start the writer; raise with
+        the reason if the database cannot be opened."""
+        if self.path is None or self.is_open:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._serve, args=(opened,), name="omnivox-records", daemon=True
+        )
+        self._thread.start()
+        try:
+            opened.result()
+        except BaseException:
+            self._thread = None
+            raise
+        log.info("call records in %s", self.path)
+
+    def close(self) -> None:
+        """Write everything queued, then close the database."""
+        thread = self._thread
+        if thread is None:
+            return
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        with contextlib.suppress(queue.Full):  # a stalled writer: the log below says so
+            self._queue.put(None, timeout=CLOSE_TIMEOUT_S)
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            log.error("call records: writer stalled at shutdown, about %d records not written",
+                      self._queue.qsize() + 1)
+        self._thread = None
+
+    # -- producers (event loop, never block) --------------------------------------------------
+
+    def call_started(self, call_id: str, profile: str) -> bool:
+        started = time.time()
+        return self._submit(
+            lambda db: db.execute(
+                "INSERT OR IGNORE INTO calls (call_id, profile, started_at) VALUES (?, ?, ?)",
+                (call_id, profile, started),
+            )
+        )
+
+    def call_ended(self, call_id: str, reason: str) -> bool:
+        """Mark a started call ended (a call never answered has no row and gets none)."""
+        ended = time.time()
+        return self._submit(
+            lambda db: db.execute(
+                "UPDATE calls SET ended_at = ?, end_reason = ? "
+                "WHERE call_id = ? AND ended_at IS NULL",
+                (ended, reason, call_id),
+            )
+        )
+
+    def turn_ended(
+        self,
+        call_id: str,
+        reply: Reply,
+        conversation: Conversation,
+        status: str,
+        transcript: str,
+        *,
+        error: str | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Record a turn that just ended (the session's one hook)."""
+        if not self.is_open:
+            return False
+        record = turn_record(
+            call_id, reply, conversation, status, transcript, error=error, reason=reason
+        )
+        return self.add_turn(record)
+
+    def add_turn(self, record: TurnRecord) -> bool:
+        row = vars(record)  # shallow: every field is a plain value
+        sql = f"INSERT INTO turns ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})"
+        return self._submit(lambda db: db.execute(sql, tuple(row.values())))
+
+    def _submit(self, job: Job) -> bool:
+        if not self.is_open:
+            return False
+        try:
+            self._queue.put_nowait((job, None))
+        except queue.Full:
+            self._dropped_one()
+            return False
+        return True
+
+    def _dropped_one(self) -> None:
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._last_drop_log >= DROP_LOG_EVERY_S:
+            self._last_drop_log = now
+            log.error(
+                "call records: writer queue full (%d), record dropped (%d dropped so far)",
+                self._queue.maxsize,
+                self.dropped,
+            )
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def call_record(self, call_id: str) -> dict[str, Any] | None:
+        """The call's row and its turns in order, or None for an id never recorded. Raises
+        RecordsBusyError when the writer's queue is full."""
+        if not self.is_open:
+            raise RecordsBusyError("call records are not open")
+        done: concurrent.futures.Future[dict[str, Any] | None] = concurrent.futures.Future()
+        try:
+            self._queue.put_nowait((lambda db: read_call(db, call_id), done))
+        except queue.Full:
+            raise RecordsBusyError("call records are busy, try again") from None
+        return await asyncio.wrap_future(done)
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _serve(self, opened: concurrent.futures.Future[None]) -> None:
+        try:
+            db = connect(self.path)
+        except BaseException as exc:
+            opened.set_exception(exc)
+            return
+        opened.set_result(None)
+        try:
+            while (entry := self._queue.get()) is not None:
+                job, done = entry
+                try:
+                    with db:  # one transaction per job: committed before the next starts
+                        result = job(db)
+                except Exception as exc:
+                    log.error("call records: write failed: %s", exc)
+                    if done is not None:
+                        done.set_exception(exc)
+                else:
+                    if done is not None:
+                        done.set_result(result)
+        finally:
+            db.close()
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open (creating if needed) the records database in WAL mode with its schema."""
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
+    db.row_factory = sqlite3.Row
+    try:
+        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise sqlite3.OperationalError(f"{path}: WAL mode refused (journal_mode {mode})")
+        # FULL: each commit is fsynced, so a completed turn survives a power cut too, not just
+        # a crash of this process; at one commit per turn the cost is nothing.
+        db.execute("PRAGMA synchronous = FULL")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise sqlite3.OperationalError(
+                f"{path}: records schema {version} is newer than this omnivox ({SCHEMA_VERSION})"
+            )
+        db.executescript(SCHEMA)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def read_call(db: sqlite3.Connection, call_id: str) -> dict[str, Any] | None:
+    """A call's record as the API returns it."""
+    call = db.execute("SELECT * FROM calls WHERE call_id = ?", (call_id,)).fetchone()
+    turns = db.execute(
+        "SELECT * FROM turns WHERE call_id = ? ORDER BY started_at, rowid", (call_id,)
+    ).fetchall()
+    if call is None and not turns:
+        return None
+    record: dict[str, Any] = {"object": "call.record", "id": call_id}
+    record.update(
+        {k: call[k] for k in ("profile", "started_at", "ended_at", "end_reason")}
+        if call is not None
+        else dict.fromkeys(("profile", "started_at", "ended_at", "end_reason"))
+    )
+    record["turns"] = [_turn_json(row) for row in turns]
+    return record
+
+
+def _turn_json(row: sqlite3.Row) -> dict[str, Any]:
+    turn = {k: row[k] for k in row.keys() if k != "call_id"}  # noqa: SIM118 (Row has no iter of keys)
+    turn["usage"] = json.loads(turn["usage"]) if turn["usage"] else None
+    return turn

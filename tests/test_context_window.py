@@ -1,0 +1,50 @@
+"""A reply's max_tokens is a ceiling the Thinker's context window may lower, never a reason to
+fail a turn that still has room to answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.families.context_window import (
+    MIN_REPLY_TOKENS,
+    fit_history,
+    reply_budget,
+    wanted_room,
+)
+
+
+@pytest.mark.parametrize(("prompt", "max_tokens", "budget"), [
+    (100, 96, 96),        # fits: the whole limit
+    (100, 4096, 924),     # "inf": what the window leaves
+    (1000, 4096, 24),     # a long history: a short answer, still an answer
+    (1020, 3, 3),         # a tiny limit that fits exactly
+])
+def test_the_budget_is_the_limit_cut_to_the_room_left(prompt: int, max_tokens: int,
+                                                      budget: int) -> None:
+    assert reply_budget(prompt, max_tokens, 1024) == budget
+
+
+@pytest.mark.parametrize("prompt", [1024 - MIN_REPLY_TOKENS + 1, 1024, 2000])
+def test_a_prompt_that_fills_the_window_is_refused(prompt: int) -> None:
+    with pytest.raises(ValueError, match="max_model_len 1024"):
+        reply_budget(prompt, 4096, 1024)
+
+
+def test_history_trimming_keeps_room_for_the_reply() -> None:
+    assert wanted_room(96, 2048) == 96
+    assert wanted_room(4096, 2048) == 1024
+
+
+def test_the_oldest_turns_go_until_the_reply_has_room() -> None:
+    system = {"role": "system", "content": "s"}
+    turns = [{"role": "user", "content": str(i)} for i in range(5)]
+    length = 300  # tokens per message, say
+
+    def measure(messages: list[dict[str, str]]) -> int:
+        return length * len(messages)
+
+    # 1024-token window, 96-token reply: three messages (900) fit, with room for the reply.
+    assert fit_history([system, *turns], measure, 96, 1024) == [system, *turns[-2:]]
+    assert fit_history([system, *turns[-1:]], measure, 4096, 1024) == [system, turns[-1]]
+    assert fit_history([system, *turns], measure, 96, 1024, keep=0) == [system, *turns[-2:]]
+    assert fit_history([system, *turns], lambda m: 1, 96, 1024) == [system, *turns]
