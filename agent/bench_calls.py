@@ -175,6 +175,7 @@ class TurnRecord:
     reason: str | None = None
     ttfa_ms: float | None = None
     barge_in_stop_ms: float | None = None
+    barge_in_heard_ms: float | None = None  # our onset -> the server's speech_started arrived
     gaps_ms: float | None = None  # longest silence inside the reply
     gaps: int = 0  # silences of GAP_MS or more inside the reply
     late_ms: float | None = None  # longest late arrival against the stream's pace
@@ -196,18 +197,28 @@ async def speak_turn(caller: BenchCaller, plan: Plan, record: TurnRecord, pcm: n
     created_at, response_id = await caller.wait_until(
         lambda: caller.response_created_after(onset), timeout, "response.created")
 
-    def done() -> tuple[float, dict[str, Any]] | None:
-        return caller.response_event(response_id, "response.done")
-
-    after = max(end, created_at)
-    first = await caller.wait_until(lambda: caller.first_loud_after(after) or done(), timeout,
-                                    "the reply's first audio")
-    if not isinstance(first, float):
-        raise TurnFailedError(f"response {first[1]['response']['status']} before any audio")
-    record.ttfa_ms = (first - end) * 1e3
-
     def event(kind: str) -> tuple[float, dict[str, Any]] | None:
         return caller.response_event(response_id, kind)
+
+    def done() -> tuple[float, dict[str, Any]] | None:
+        return event("response.done")
+
+    def no_audio() -> str | None:
+        """Why no audio will come: the reply failed, or it played out (a short reply may be
+        done generating before its first packet arrives: that is no failure)."""
+        finished = done()
+        if finished is not None and finished[1]["response"]["status"] != "completed":
+            return f"response {finished[1]['response']['status']} before any audio"
+        if event("output_audio_buffer.stopped") is not None:
+            return "the reply played out without any audio heard"
+        return None
+
+    after = max(end, created_at)
+    first = await caller.wait_until(lambda: caller.first_loud_after(after) or no_audio(),
+                                    timeout, "the reply's first audio")
+    if isinstance(first, str):
+        raise TurnFailedError(first)
+    record.ttfa_ms = (first - end) * 1e3
 
     if interrupt_with is not None:
         await asyncio.sleep(max(0.0, first + plan.barge_in_after_s - time.monotonic()))
@@ -242,6 +253,9 @@ async def barge_in(caller: BenchCaller, plan: Plan, record: TurnRecord, response
         await asyncio.sleep(max(0.0, cut_at + IN_FLIGHT_S - time.monotonic()))
         last = caller.last_loud_between(onset - 0.02, cut_at + IN_FLIGHT_S)
         record.barge_in_stop_ms = (max(onset, last or onset) - onset) * 1e3
+        heard = caller.latest.get("input_audio_buffer.speech_started")
+        if heard is not None and heard[0] > onset:
+            record.barge_in_heard_ms = (heard[0] - onset) * 1e3
     finished = await caller.wait_until(
         lambda: caller.response_event(response_id, "response.done"), plan.turn_timeout_s,
         "response.done")
@@ -523,6 +537,8 @@ def summarise(run: LevelRun) -> dict[str, Any]:
     silence = next((c["silence_ms"] for c in connected if c.get("silence_ms") is not None), None)
     ttfa = [t["ttfa_ms"] for t in ok if t["ttfa_ms"] is not None]
     barge = [t["barge_in_stop_ms"] for t in ok if t["barge_in_stop_ms"] is not None]
+    heard = [(t["barge_in_stop_ms"], t["barge_in_heard_ms"]) for t in ok
+             if t["barge_in_stop_ms"] is not None and t["barge_in_heard_ms"] is not None]
     last_done = max((t["ended_at"] for t in ok), default=run.started_at)
     busy_s = max(1e-9, last_done - run.started_at)
     lags = [w["loop_lag_p99_ms"] for w in run.workers if w.get("loop_lag_p99_ms") is not None]
@@ -544,6 +560,10 @@ def summarise(run: LevelRun) -> dict[str, Any]:
         "silence_ms": silence,
         "ttfa_after_vad_ms": percentiles([v - silence for v in ttfa] if silence else []),
         "barge_in_stop_ms": percentiles(barge),
+        # The server's speech_started (its VAD has 60 ms of the caller's speech) arrived this
+        # long after our onset; the stop time counted from there instead.
+        "barge_in_heard_ms": percentiles([h for _, h in heard]),
+        "barge_in_stop_after_heard_ms": percentiles([s - h for s, h in heard]),
         "barge_ins_planned": sum(1 for t in run.turns if t["barge_in"]),
         "gaps_ms_max": max((t["gaps_ms"] for t in ok if t["gaps_ms"] is not None), default=None),
         "gaps": sum(t["gaps"] for t in ok),
@@ -601,7 +621,7 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"cascade vs sequential stages at {c['concurrency']} call(s), first audio "
                      f"after the end-of-turn silence p50: {fmt(c['cascade_ms'])} vs "
                      f"{fmt(c['sequential_ms'])} ms: {fmt(c['ratio'], 2)}x sooner")
-    lines += [f"target: {line}" for line in verdicts(result["levels"])]
+    lines += [f"target (issue 7, tiny family): {line}" for line in verdicts(result["levels"])]
     return "\n".join(lines)
 
 
@@ -621,8 +641,11 @@ def verdicts(levels: list[dict[str, Any]]) -> list[str]:
              if level["barge_in_stop_ms"]["p95"] is not None]
     if barge:
         limit = TARGETS["barge_in_stop_p95_ms"]
-        out.append(f"barge-in stop p95 < {limit:.0f} ms: worst level {max(barge):.0f} ms: "
-                   f"{'met' if max(barge) < limit else 'MISSED'}")
+        after = [level["barge_in_stop_after_heard_ms"]["p95"] for level in levels
+                 if level["barge_in_stop_after_heard_ms"]["p95"] is not None]
+        out.append(f"barge-in stop p95 < {limit:.0f} ms: worst level {max(barge):.0f} ms from "
+                   f"the caller's onset ({fmt(max(after, default=None))} ms after the server's "
+                   f"speech_started arrived): {'met' if max(barge) < limit else 'MISSED'}")
     held = TARGETS["calls_held"]
     if held in by:
         level = by[held]
