@@ -5,9 +5,7 @@ caller who never stops talking, whose speech is cut into utterances at the lengt
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ from agent.config import Settings, VadSettings
 from media.vad import SAMPLE_RATE
 from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
 from tests.media_servers import call_of, responder_of, tone_server
+from tests.product_calls import wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served
 
@@ -49,13 +48,6 @@ async def call(url: str, pcm: np.ndarray, codecs: tuple[str, ...] = ()) -> RtcCa
     await caller.wait_for("session.created", timeout=20)
     return caller
 
-
-async def wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def speech_events(caller: RtcCaller) -> list[str]:

@@ -21,8 +21,8 @@ from pydantic import ValidationError
 from agent.app import create_app
 from agent.auth import ClientSecrets, SecretStoreFullError, env_settings, is_loopback
 from agent.config import Settings
+from tests.media_servers import tone_server
 from tests.product_calls import LOUD, spoken, wait_until
-from tests.responder import ToneResponder
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served, serve
 from tests.test_signalling import make_offer
@@ -48,15 +48,7 @@ async def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
         cors_origins=[ALLOWED_ORIGIN],
         max_client_secrets=64,
     )
-    responders: list[ToneResponder] = []
-
-    def factory(call):
-        responders.append(ToneResponder(call))
-        return responders[-1]
-
-    app = create_app(settings, handler_factory=factory)
-    app.state.test_responders = responders
-    async with serve(app) as served:
+    async with tone_server(settings) as served:
         yield served
 
 

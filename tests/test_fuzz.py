@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +30,7 @@ from agent.config import Settings
 from agent.events import client_event_models
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.media_servers import responder_of, tone_server
+from tests.product_calls import wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served
 from tests.test_signalling import live_peer_connections, make_offer
@@ -52,13 +52,6 @@ def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
                       pad_before_s=1.0, pad_after_s=0.5)
     return read_wav(path)[0]
 
-
-async def wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 # -- signalling ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from agent.limits import TokenBucket, env_limits
 from media.inbound import MAX_BACKLOG_FRAMES, InboundAudio
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.media_servers import responder_of, server_process, tone_server
+from tests.product_calls import wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 
 RATE = 48_000
@@ -55,13 +56,6 @@ async def connected(url: str, track: ArrayAudioTrack | None = None) -> RtcCaller
     await caller.wait_for("session.created", timeout=20)
     return caller
 
-
-async def wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def arrived(caller: RtcCaller, event: dict) -> float:
