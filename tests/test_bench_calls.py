@@ -1,0 +1,122 @@
+"""`omnivox bench calls` as a user runs it: it starts `omnivox serve --profile tiny` itself (and a
+second server with --sequential-stages), calls it from aiortc callers in worker processes at
+one and two concurrent calls, and writes a table, JSON whose figures are real measurements, and
+PNG plots. Also the pieces it stands on that need no server: the Prometheus histogram reading,
+the serve option that turns the stage overlap off, the cached speech."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from agent.bench_calls import read_wav, utterance_wavs
+from agent.bench_server import histogram_quantile, parse_samples
+from agent.cli import parse_args, pipeline_overrides
+from agent.config import Settings
+from agent.profiles import pipeline_settings
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.engines
+def test_bench_calls_command(tiny_models_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "calls.json"
+    plots = tmp_path / "plots"
+    command = [sys.executable, "-m", "agent.cli", "bench", "calls", "--profile", "tiny",
+               "--models-dir", str(tiny_models_dir), "--concurrency", "1,2", "--turns", "3",
+               "--barge-in-every", "2", "--reply-tokens", "24", "--pause", "0.5",
+               "--compare-sequential", "--speech-dir", str(tmp_path / "speech"),
+               "--json", str(out), "--plots", str(plots), "--no-progress"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ttfa p50" in done.stdout and "target (issue 7" in done.stdout
+
+    result = json.loads(out.read_text())
+    assert [level["concurrency"] for level in result["levels"]] == [1, 2]
+    for level in [*result["levels"], result["sequential"]]:
+        n = level["concurrency"]
+        assert level["calls_connected"] == n and level["calls_dropped"] == 0, level
+        assert level["error_events"] == 0, level["errors"]
+        assert level["turns_ok"] == 3 * n and level["turns_failed"] == 0, level["failures"]
+        silence = level["silence_ms"]
+        assert silence == 500  # the server's turn detection, as session.created said
+        ttfa = level["ttfa_ms"]
+        assert ttfa["n"] == 3 * n == len(level["samples"]["ttfa_ms"])
+        # No reply can start before the server's VAD has heard `silence` ms of silence.
+        assert silence < ttfa["p50"] <= ttfa["p95"] <= ttfa["max"] < 60_000, ttfa
+        assert level["ttfa_after_vad_ms"]["p50"] == pytest.approx(ttfa["p50"] - silence)
+        # Turn 2 of each call was talked over by turn 3: the server waits for barge_in_min_ms
+        # (200 ms) of speech before it cuts, so the reply went on for a while after our onset.
+        barge = level["barge_in_stop_ms"]
+        assert level["barge_ins_planned"] == n and barge["n"] == n, barge
+        assert 100 < barge["p50"] < 10_000, barge
+        heard = level["barge_in_heard_ms"]  # the server's speech_started, after our onset
+        assert heard["n"] == n and 0 < heard["p50"] < barge["p50"], (heard, barge)
+        assert level["gaps_ms_max"] is not None and level["gaps_ms_max"] >= 0
+        assert level["late_ms_max"] is not None and level["late_ms_max"] >= 0
+        assert level["turns_per_s"] > 0 and level["rtp_misses"] == 0
+        server = level["server"]
+        assert server["rss_mb"]["max"] > 50  # the API process, sampled while the calls ran
+        assert server["cpu_cores"]["api"] > 0 and server["cpu_cores"]["stages"] > 0
+        assert server["healthz_unanswered"] == 0
+        if server["metrics"]:  # the server's own loop-lag histogram, read from /metrics
+            assert server["event_loop_lag_p99_ms"] is not None
+    ratio = result["cascade_vs_sequential"]
+    assert ratio["concurrency"] == 1
+    assert ratio["ratio"] == pytest.approx(ratio["sequential_ms"] / ratio["cascade_ms"])
+    assert sorted(p.name for p in plots.iterdir()) == ["capacity.png", "latency_cdf.png"]
+    for png in plots.iterdir():
+        assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
+
+
+def test_bad_concurrency_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0,4", "one", ""):
+        with pytest.raises(SystemExit):
+            parse_args(["bench", "calls", "--concurrency", bad])
+        assert "--concurrency" in capsys.readouterr().err
+
+
+def test_sequential_stages_keep_the_profiles_cascade() -> None:
+    """`serve --sequential-stages` turns the overlap off and nothing else of the profile."""
+    args = parse_args(["serve", "--profile", "local", "--sequential-stages"])
+    settings = pipeline_settings(Settings(profile="local"), pipeline_overrides(args))
+    default = pipeline_settings(Settings(profile="local"))
+    assert default.cascade.overlap and not settings.cascade.overlap
+    assert settings.cascade.chunk_growth == default.cascade.chunk_growth == 1.5
+    assert pipeline_overrides(parse_args(["serve", "--profile", "local"])) == {}
+
+
+def test_histogram_quantile_between_two_scrapes() -> None:
+    registry = CollectorRegistry()
+    lag = Histogram("omnivox_event_loop_lag_seconds", "lag", buckets=(0.01, 0.05, 0.1, 1.0),
+                    registry=registry)
+    for _ in range(50):
+        lag.observe(0.5)  # before the level: must not count
+    before = parse_samples(generate_latest(registry).decode())
+    for value in [0.001] * 90 + [0.07] * 10:
+        lag.observe(value)
+    after = parse_samples(generate_latest(registry).decode())
+    name = "omnivox_event_loop_lag_seconds"
+    assert histogram_quantile(0.5, before, after, name) == pytest.approx(0.01 * 50 / 90)
+    # The 99th of 100 lies in (0.05, 0.1], 9 of its 10 ranks in: interpolated as Prometheus does.
+    assert histogram_quantile(0.99, before, after, name) == pytest.approx(0.05 + 0.05 * 0.9)
+    assert histogram_quantile(0.99, after, after, name) is None  # nothing observed between
+
+
+def test_utterances_are_cached_trimmed_16k(tmp_path: Path) -> None:
+    first = utterance_wavs(["Hello there."], tmp_path)
+    pcm, rate = read_wav(first[0])
+    assert rate == 16_000 and 0.3 < len(pcm) / rate < 2.0
+    # Trimmed: it starts and ends with sound, not with espeak-ng's padding.
+    edge = rate // 100
+    assert np.abs(pcm[:edge]).max() > 30 and np.abs(pcm[-edge:]).max() > 30
+    stamp = Path(first[0]).stat().st_mtime_ns
+    assert utterance_wavs(["Hello there."], tmp_path) == first
+    assert Path(first[0]).stat().st_mtime_ns == stamp  # made once

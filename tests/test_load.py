@@ -1,0 +1,78 @@
+"""Issue 6's load test: 32 concurrent calls from aiortc clients for two minutes on the tiny family.
+
+The server is `omnivox serve --profile tiny` in a process of its own (so the API process's RSS is
+its alone) and the callers are `omnivox bench calls`' load generator (agent/bench_calls.py) in
+two worker processes: each call speaks a short utterance, hears the reply out (every fourth one
+it talks over), pauses, and speaks again until two minutes have passed. Required: every call
+connected and none dropped, no `error` event, the API process's RSS at minute 2 within 10% of
+minute 1. The event loop's lag p99 (the server's own histogram) and the caller-side figures are
+printed, not asserted: on a 2-core machine shared with the engines and the 32 calling peers,
+they say how loaded it was, not whether the server is right.
+
+Tuned for a 2-core machine: 64 aiortc peers (both ends of 32 calls) already need most of a
+core for Opus and pacing alone, so the callers speak short utterances, ask for short replies
+(16 tokens, about 1.6 s of audio) and pause 8 s between turns; the turn timeouts are generous.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agent.bench_calls import Plan, run_level, summarise, utterance_wavs
+from agent.bench_server import ServerProcess, ServerWatch
+
+pytestmark = pytest.mark.engines
+
+CALLS = 32
+DURATION_S = 120.0
+UTTERANCES = ("Hello there.", "What time is it?", "Thank you.", "Good morning.",
+              "Yes, please.", "Tell me more.")
+RSS_TOLERANCE = 0.10
+
+
+def minute_rss(watch: ServerWatch, started_at: float, minute: int) -> float:
+    """The API process's median RSS (MiB) over the last 15 s of the given minute of the run."""
+    end = started_at + 60.0 * minute
+    rss = [s.rss / 2**20 for s in watch.between(end - 15.0, end) if s.rss is not None]
+    assert rss, f"no RSS sample in minute {minute}"
+    return statistics.median(rss)
+
+
+def test_32_calls_for_two_minutes(tiny_models_dir: Path, tmp_path: Path) -> None:
+    plan = Plan(url="", concurrency=CALLS, speech=utterance_wavs(UTTERANCES, tmp_path),
+                turns=None, duration_s=DURATION_S, pause_s=8.0, barge_in_every=4,
+                reply_tokens=16, turn_timeout_s=90.0, connect_timeout_s=90.0)
+    with ServerProcess("tiny", models_dir=tiny_models_dir, max_calls=CALLS) as server:
+        with ServerWatch(server.url, server.pid, interval_s=1.0) as watch:
+            run = run_level(replace(plan, url=server.url), workers=2, watch=watch,
+                            progress=False)
+        level = summarise(run)
+        rss1 = minute_rss(watch, run.started_at, 1)
+        rss2 = minute_rss(watch, run.started_at, 2)
+    srv = level["server"] or {}
+    print(f"\n[load] {level['calls_connected']}/{CALLS} calls held for {level['wall_s']:.0f} s, "
+          f"{level['calls_dropped']} dropped; turns {level['turns_ok']} ok, "
+          f"{level['turns_failed']} failed {level['failures']}; error events "
+          f"{level['error_events']}")
+    print(f"[load] event loop lag p99: {srv.get('event_loop_lag_p99_ms')} ms over the run, "
+          f"{srv.get('event_loop_lag_p99_last_minute_ms')} ms over the last minute "
+          f"(target < 50 ms); /healthz round trip {srv.get('healthz_ms')}")
+    print(f"[load] API process RSS: minute 1 {rss1:.1f} MiB, minute 2 {rss2:.1f} MiB "
+          f"({(rss2 - rss1) / rss1:+.1%})")
+    print(f"[load] at the callers: ttfa {level['ttfa_ms']}, barge-in stop "
+          f"{level['barge_in_stop_ms']}, longest gap {level['gaps_ms_max']} ms, longest late "
+          f"arrival {level['late_ms_max']} ms, generator loop lag p99 "
+          f"{level['generator_loop_lag_p99_ms']} ms")
+
+    assert level["calls_connected"] == CALLS, level["refusals"]
+    assert level["calls_dropped"] == 0
+    assert level["error_events"] == 0, level["errors"]
+    assert "crashed" not in level, level["crashed"]
+    # Every call was really talking: each had replies that started, completed and played out.
+    per_call = {c["call"]: c["turns_ok"] for c in run.calls}
+    assert all(n >= 2 for n in per_call.values()), per_call
+    assert abs(rss2 - rss1) / rss1 <= RSS_TOLERANCE, (rss1, rss2)
