@@ -31,7 +31,7 @@ from agent.payloads import session_object
 from agent.records import CallRecords
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
-from media.peer import apply_offer, create_answer, new_peer_connection
+from media.peer import apply_offer, create_answer, hold_inbound_audio, new_peer_connection
 from media.vad import SpeechStarted, SpeechStopped, VadConfig, VadSegmenter
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class Call:
         self.settings = settings
         self.pc: RTCPeerConnection = new_peer_connection(settings.ice_servers)
         self.outbound = OutboundAudioTrack(max_queue_ms=settings.outbound_queue_ms)
+        self.inbound: InboundAudio | None = None  # the caller's audio, once its track arrives
         self.vad = VadSegmenter(vad_config(settings))
         self.handler: CallHandler | None = None
         self._channel: RTCDataChannel | None = None
@@ -109,6 +110,7 @@ class Call:
         """Negotiate the call; on any failure the peer connection is closed before raising."""
         try:
             await apply_offer(self.pc, offer_sdp)
+            hold_inbound_audio(self.pc, self.settings.inbound_jitter_packets)
             self.pc.addTrack(self.outbound)
             answer = await create_answer(self.pc)
         except BaseException:
@@ -151,7 +153,8 @@ class Call:
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio":
             return
-        self.spawn(InboundAudio(track, self._on_audio_frame).run())
+        self.inbound = InboundAudio(track, self._on_audio_frame)
+        self.spawn(self.inbound.run())
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL or self._channel is not None:

@@ -73,6 +73,9 @@ class Settings(BaseModel):
     outbound_queue_ms: int = Field(
         30_000, ge=200, description="agent audio buffered ahead of playback"
     )
+    inbound_jitter_packets: int = Field(
+        1, ge=1, le=16, description="caller audio packets held to reorder them (20 ms each)"
+    )
     vad: VadSettings = Field(default_factory=VadSettings)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
     # Authentication (agent/auth.py). No API keys: local mode, every endpoint open. SecretStr

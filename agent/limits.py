@@ -36,7 +36,8 @@ class TokenBucket:
         return True
 
 
-# The limits an operator can set from the environment (`omnivox serve`), by variable name.
+# The limits (and the inbound jitter buffer) an operator can set from the environment
+# (`omnivox serve`), by variable name.
 ENV_LIMITS = {
     "OMNIVOX_MAX_CALLS": "max_calls",
     "OMNIVOX_MAX_CALL_S": "max_call_s",
@@ -45,6 +46,7 @@ ENV_LIMITS = {
     "OMNIVOX_MAX_EVENT_BYTES": "max_event_bytes",
     "OMNIVOX_MAX_EVENTS_PER_S": "max_events_per_s",
     "OMNIVOX_MAX_EVENT_BURST": "max_event_burst",
+    "OMNIVOX_INBOUND_JITTER_PACKETS": "inbound_jitter_packets",
 }
 ENV_MAX_UTTERANCE = "OMNIVOX_MAX_UTTERANCE_MS"
 

@@ -11,6 +11,7 @@ from aiortc import (
     RTCRtpSender,
     RTCSessionDescription,
 )
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcsctptransport import WEBRTC_BINARY, WEBRTC_STRING
 
 from media.sdp import AUDIO_CODECS, without_mdns_candidates
@@ -43,6 +44,28 @@ async def apply_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
     await pc.setRemoteDescription(offer)
     if pc.sctp is not None:
         guard_data_channel_receive(pc.sctp)
+
+
+def hold_inbound_audio(pc: RTCPeerConnection, packets: int) -> None:
+    """Let each audio receiver hold `packets` packets before decoding (aiortc holds 4).
+
+    The server never plays the caller's audio out, so a smooth playout buys nothing here: the
+    buffer's one use is to put reordered packets back in order. Each packet held delays the
+    VAD's end of turn, and so the reply, and the detection of a barge-in, by 20 ms; aiortc's 4
+    cost 60 ms more than 1. aiortc takes no setting for it, so its receiver's buffer is
+    replaced before the first packet arrives (call this before the connection is up).
+    """
+    if not 1 <= packets <= JITTER_CAPACITY:
+        raise ValueError(f"inbound audio packets held must be 1..{JITTER_CAPACITY}, got {packets}")
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        if transceiver.kind != "audio" or not hasattr(receiver, _JITTER_ATTRIBUTE):
+            continue
+        setattr(receiver, _JITTER_ATTRIBUTE, JitterBuffer(JITTER_CAPACITY, prefetch=packets))
+
+
+JITTER_CAPACITY = 16  # aiortc's own for audio: 320 ms of 20 ms packets
+_JITTER_ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private name
 
 
 def guard_data_channel_receive(sctp: object) -> None:

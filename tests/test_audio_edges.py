@@ -5,9 +5,11 @@ caller who never stops talking, whose speech is cut into utterances at the lengt
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
@@ -150,3 +152,37 @@ async def test_a_caller_who_never_stops_is_cut_at_the_utterance_cap(
             ] * len(pieces)
         finally:
             await caller.hang_up()
+
+
+class FallsSilentTrack(ArrayAudioTrack):
+    """Sends `frames` 20 ms frames, then no more packets at all (the call stays up)."""
+
+    def __init__(self, frames: int) -> None:
+        super().__init__(np.zeros(0, np.int16))
+        self.frames = frames
+
+    async def recv(self) -> av.AudioFrame:
+        if self._n >= self.frames:
+            await asyncio.Event().wait()  # until the caller closes the track
+        return await super().recv()
+
+
+@pytest.mark.parametrize("held", [1, 4])
+async def test_the_server_holds_the_configured_packets_before_decoding(held: int) -> None:
+    """Caller audio reaches the VAD `held` packets late (aiortc alone holds 4, 80 ms): after
+    the caller's last packet, exactly `held` of them are still undecoded, however long we
+    wait, since a packet is only released once `held` later ones have arrived."""
+    sent = 50
+    async with tone_server(Settings(inbound_jitter_packets=held)) as served:
+        caller = RtcCaller(served.url, FallsSilentTrack(sent))
+        try:
+            await caller.connect()
+            server_call = call_of(served, caller)
+            await wait_until(lambda: server_call.inbound is not None
+                             and server_call.inbound.frames_in >= sent - held, 20,
+                             "the caller's packets to be decoded")
+            await asyncio.sleep(1.0)  # any packet still held would have been released by now
+            assert caller.audio.position_ms == sent * 20
+            assert server_call.inbound.frames_in == sent - held
+        finally:
+            await caller.close()
