@@ -11,6 +11,9 @@ With `growth`, a later chunk is also cut at a word once it is `growth` times as 
 text before it (never below `min_chars`). For a Thinker that writes only a few times faster
 than speech is spoken, this keeps each chunk's text written and voiced while the audio of the
 text before it plays: waiting for the end of a long clause would leave the caller in silence.
+
+Embeddings that came as arrays are joined per chunk; CUDA IPC exports (which the API process
+cannot read) are kept in the chunk as they are, in order, for the Talker job to carry.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from pipeline.cuda_ipc import CudaIpcRef
 
 CLAUSE_END = frozenset(".,;:!?…")
 FULLWIDTH_CLAUSE_END = frozenset("。，、；：！？")  # scripts without spaces: cut right after these
@@ -29,7 +34,8 @@ class Piece:
 
     text: str
     token_ids: tuple[int, ...] = ()
-    embeds: np.ndarray | None = None  # (len(token_ids), hidden)
+    # (len(token_ids), hidden): an array, or a CUDA IPC export of one (read only by the Talker)
+    embeds: np.ndarray | CudaIpcRef | None = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,16 @@ class Chunk:
     start: int
     end: int
     token_ids: tuple[int, ...]
-    embeds: np.ndarray | None
+    # The tokens' embeddings in order: arrays of consecutive pieces joined into one, CUDA IPC
+    # exports as they came (joined along dim 0 by the Talker).
+    parts: tuple[np.ndarray | CudaIpcRef, ...] = ()
+
+    @property
+    def embeds(self) -> np.ndarray | None:
+        """All the chunk's embeddings as one array, when they all came as arrays."""
+        if len(self.parts) == 1 and isinstance(self.parts[0], np.ndarray):
+            return self.parts[0]
+        return None
 
 
 class ClauseChunker:
@@ -91,15 +106,31 @@ class ClauseChunker:
 
     def _cut(self) -> Chunk:
         pieces, text = self._pieces, self._text
-        embeds = [p.embeds for p in pieces if p.embeds is not None and len(p.embeds)]
         chunk = Chunk(
             index=self._index,
             text=text,
             start=self._start,
             end=self._start + len(text),
             token_ids=tuple(t for p in pieces for t in p.token_ids),
-            embeds=np.concatenate(embeds) if embeds else None,
+            parts=_join_arrays(pieces),
         )
         self._pieces, self._text = [], ""
         self._start, self._index = chunk.end, self._index + 1
         return chunk
+
+
+def _join_arrays(pieces: list[Piece]) -> tuple[np.ndarray | CudaIpcRef, ...]:
+    """The pieces' embeddings in order, each run of arrays joined into one (one copy)."""
+    parts: list[np.ndarray | CudaIpcRef] = []
+    run: list[np.ndarray] = []
+    for piece in pieces:
+        if isinstance(piece.embeds, CudaIpcRef):
+            if run:
+                parts.append(np.concatenate(run))
+                run = []
+            parts.append(piece.embeds)
+        elif piece.embeds is not None and len(piece.embeds):
+            run.append(piece.embeds)
+    if run:
+        parts.append(np.concatenate(run))
+    return tuple(parts)

@@ -2,7 +2,8 @@
 
 `submit(job)` streams that job's outputs, routed by request id into a bounded per-request inbox;
 `abort(ids)` drops the requests here at once and waits for the worker's acknowledgement that
-they are gone from its engine; `inspect()` asks what the worker and its engine still hold.
+they are gone from its engine; `inspect()` asks what the worker and its engine still hold;
+`release_tensors(transfers)` tells the worker its CUDA IPC exports are done with.
 Several client processes may connect to the same worker. A lost connection (the worker died)
 fails every request in flight with `StageFailedError`.
 """
@@ -14,33 +15,29 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from pipeline.cuda_ipc import CudaIpcRef
 from pipeline.errors import PipelineBusyError, PipelineError, RequestFailedError, StageFailedError
 from pipeline.messages import (
     Abort,
     Aborted,
     Inspect,
     InspectReply,
+    ReleaseTensors,
     RequestError,
     encode,
     worker_decoder,
 )
 from pipeline.shm import BlockPool, BlockRef, StaleBlockError
-from pipeline.stage import Job, Output
+from pipeline.stage import Job, Output, output_tensors
 
 logger = logging.getLogger(__name__)
-
-
-def output_blocks(output: Any) -> list[BlockRef]:
-    """The pool blocks an output holds (what must be released if nobody reads it)."""
-    refs = (getattr(output, "embeds", None), getattr(output, "pcm", None))
-    return [ref for ref in refs if ref is not None]
 
 
 def release_quietly(pool: BlockPool, ref: BlockRef | None) -> None:
@@ -128,11 +125,16 @@ class StageClient:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.fail_pending("the client was closed")
         if self._sock is not None:
+            self._connected.clear()  # late cleanup sends nothing more
             self._sock.disable_monitor()
             self._sock.close()
 
-    async def submit(self, job: Job) -> AsyncIterator[Output]:
-        """Run `job` in the worker, yielding its outputs until the one with finished=True."""
+    async def submit(self, job: Job, on_sent: Callable[[], None] | None = None
+                     ) -> AsyncIterator[Output]:
+        """Run `job` in the worker, yielding its outputs until the one with finished=True.
+
+        `on_sent` is called once the job has left for the worker (whoever passed tensors on in
+        it needs to know whether a consumer ever received them)."""
         rid = job.request_id
         if rid in self._inboxes:
             raise ValueError(f"request {rid} is already in flight")
@@ -140,6 +142,8 @@ class StageClient:
         inbox = self._inboxes[rid] = _Inbox(self.queue_size)
         try:
             await self._sock.send(encode(job))
+            if on_sent is not None:
+                on_sent()
             while (output := await inbox.get()) is not None:
                 yield output
                 if output.finished:
@@ -147,9 +151,7 @@ class StageClient:
         finally:
             if self._inboxes.pop(rid, None) is not None:  # left early: the worker must drop it
                 self._send_soon(Abort([rid]))
-            for output in inbox.items:
-                for ref in output_blocks(output):
-                    release_quietly(self.pool, ref)
+            self._discard(inbox.items)
 
     def abort(self, request_ids: list[str]) -> Awaitable[None]:
         """End these requests here now; the awaitable waits until the worker has dropped them.
@@ -164,6 +166,13 @@ class StageClient:
             return _done()
         ack = next(self._ack_ids)
         return self._request(Abort(ids, ack), ack, f"abort of {len(ids)} requests")
+
+    def release_tensors(self, transfers: list[int], delivered: bool = True) -> None:
+        """Tell the worker (their producer) that these CUDA IPC exports are done with: their
+        consuming job has ended, or (`delivered=False`) no consumer ever received them.
+        Fire-and-forget: a worker that is gone took its exports with it."""
+        if transfers:
+            self._send_soon(ReleaseTensors(list(transfers), delivered))
 
     async def inspect(self) -> InspectReply:
         """What the worker is serving and what its engine still holds."""
@@ -219,7 +228,11 @@ class StageClient:
         """Send without awaiting (from cleanup code); failures are logged, not raised."""
         if self._sock is None or not self.connected:
             return
-        fut = self._sock.send(encode(msg))
+        try:
+            fut = self._sock.send(encode(msg))
+        except zmq.ZMQError as exc:
+            logger.warning("stage %s: send failed: %s", self.stage, exc)
+            return
         self._sends.add(fut)
         fut.add_done_callback(self._sent)
 
@@ -250,20 +263,30 @@ class StageClient:
                 del self._inboxes[msg.request_id]
                 inbox.end(RequestFailedError(self.stage, f"{msg.error}: {msg.message}"))
             return
-        if inbox is None:  # a late output of an aborted request: give its blocks back
-            for ref in output_blocks(msg):
-                release_quietly(self.pool, ref)
+        if inbox is None:  # a late output of an aborted request: give its tensors back
+            self._discard([msg])
             return
         if not inbox.push(msg):
             del self._inboxes[msg.request_id]
             inbox.end(PipelineBusyError(
                 f"{msg.request_id}: more than {self.queue_size} outputs waiting; the consumer "
                 f"is not keeping up"))
-            for ref in output_blocks(msg):
-                release_quietly(self.pool, ref)
+            self._discard([msg])
             self._send_soon(Abort([msg.request_id]))
         elif msg.finished:
             del self._inboxes[msg.request_id]
+
+    def _discard(self, outputs: Iterable[Output]) -> None:
+        """Give back the tensors of outputs nobody will read: blocks to the pool, CUDA IPC
+        exports to this worker, which made them (no consumer ever received them)."""
+        transfers = []
+        for output in outputs:
+            for ref in output_tensors(output):
+                if isinstance(ref, CudaIpcRef):
+                    transfers.append(ref.transfer)
+                else:
+                    release_quietly(self.pool, ref)
+        self.release_tensors(transfers, delivered=False)
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         """Track the connection; when it drops, whatever the worker held is lost."""

@@ -1,10 +1,16 @@
 """The wire: small msgspec structs over zmq between the API process and the stage workers.
 
 Client -> worker (ROUTER socket of the worker): a job (`ThinkerJob`, `TalkerJob`,
-`VoiceBoxJob` from stage.py: sending one submits it), `Abort`, `Inspect`.
+`VoiceBoxJob` from stage.py: sending one submits it), `Abort`, `Inspect`, `ReleaseTensors`.
 Worker -> client: the job's outputs (stage.py), `RequestError`, `Aborted`, `InspectReply`.
 Worker -> supervisor (PUSH to the supervisor's PULL socket): `Ready`, `Heartbeat`,
-`StartFailed`. Tensors never travel here: outputs and jobs carry `BlockRef`s into the pool.
+`StartFailed`. Tensors never travel here: outputs and jobs carry `BlockRef`s into the pool, or
+`CudaIpcRef`s (cuda_ipc.py) for CUDA tensors one stage sends another on a GPU host.
+
+A CUDA IPC export's route: the producing stage's output carries the `CudaIpcRef`; the API
+process passes it on, unread, in the consuming stage's job; when that job ends in any way (or
+when the ref was never passed on) the API process sends `ReleaseTensors` to the producing
+stage's worker (`CudaIpcRef.stage` names it), fire-and-forget, and the worker drops its clone.
 """
 
 from __future__ import annotations
@@ -46,6 +52,18 @@ class InspectReply(msgspec.Struct, frozen=True, tag="inspect_reply"):
     ack: int
     engine_ids: list[str]
     serving_ids: list[str]
+    cuda_exports_pending: int = 0  # CUDA IPC exports of this worker not released yet
+    cuda_imports_held: int = 0  # CUDA IPC maps this worker holds for jobs still running
+    cuda_allocated_bytes: int = 0  # what its live CUDA tensors hold (0 where CUDA is unused)
+
+
+class ReleaseTensors(msgspec.Struct, frozen=True, tag="release_tensors"):
+    """These CUDA IPC exports of the worker are done with: their consuming job has ended, or
+    (`delivered=False`) no consumer ever received them. Transfers the worker does not know (it
+    was restarted since) are ignored."""
+
+    transfers: list[int]
+    delivered: bool = True
 
 
 class RequestError(msgspec.Struct, frozen=True, tag="request_error"):
@@ -79,7 +97,7 @@ class StartFailed(msgspec.Struct, frozen=True, tag="start_failed"):
     reason: str
 
 
-ClientMessage = ThinkerJob | TalkerJob | VoiceBoxJob | Abort | Inspect
+ClientMessage = ThinkerJob | TalkerJob | VoiceBoxJob | Abort | Inspect | ReleaseTensors
 WorkerMessage = (
     ThinkerOutput | TalkerOutput | VoiceBoxOutput | RequestError | Aborted | InspectReply
 )

@@ -23,7 +23,7 @@ from pipeline.errors import PipelineBusyError, PipelineNotRunningError, StageFai
 from pipeline.events import Event, Turn, TurnDone, TurnFailed
 from pipeline.messages import InspectReply
 from pipeline.models import ensure_models
-from pipeline.settings import STAGE_ORDER, PipelineSettings
+from pipeline.settings import STAGE_ORDER, TENSOR_CONSUMERS, PipelineSettings
 from pipeline.shm import BlockPool
 from pipeline.supervisor import StageState, StageStatus, Supervisor
 from pipeline.turn import TurnRun
@@ -206,4 +206,4 @@ class Pipeline:
             owner=owner, settings=s.stages.get(stage, {}), models_dir=str(s.models_dir),
             heartbeat_s=s.restart.heartbeat_s,
             stop_timeout_s=s.restart.stop_timeout_s, log_level=s.log_level,
-            nice=s.nice[stage])
+            nice=s.nice[stage], cuda_ipc=s.cuda_ipc and stage in TENSOR_CONSUMERS)

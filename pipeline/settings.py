@@ -8,6 +8,10 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 STAGE_ORDER = ("thinker", "talker", "voicebox")
+# The stage that reads the tensors a stage sends with `ctx.send_tensor`: the Thinker's
+# embeddings go (as refs, passed on by the API process) to the Talker. The other stages' tensor
+# outputs (PCM) are read by the API process itself, on the CPU: they always use the pool.
+TENSOR_CONSUMERS = {"thinker": "talker"}
 
 
 class RestartPolicy(BaseModel):
@@ -67,4 +71,9 @@ class PipelineSettings(BaseModel):
     nice: dict[str, int] = Field(
         default_factory=lambda: {"thinker": 15, "talker": 10, "voicebox": 5})
     build_models: bool = Field(True, description="build the family's models when missing")
+    cuda_ipc: bool = Field(
+        True, description="a CUDA tensor one stage sends another (the Thinker's embeddings) "
+        "travels as a CUDA IPC handle: chosen per tensor, only when it is on a GPU, so on a CPU "
+        "host nothing changes. False: through the pool (device to host) for a consumer "
+        "without CUDA")
     log_level: str = "INFO"

@@ -2,22 +2,31 @@
 
 A worker process hosts exactly one `Stage`. The runtime feeds it jobs and forwards what it yields;
 the family decides what runs inside (a vLLM engine, an ONNX voice, a phonemizer).
-Jobs and outputs are small msgspec structs: tensors travel as `BlockRef`s into the shared pool.
+Jobs and outputs are small msgspec structs: tensors travel as `BlockRef`s into the shared pool,
+or as `CudaIpcRef`s when a stage sends a CUDA tensor to another stage on CUDA (cuda_ipc.py).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 import numpy as np
 
+from pipeline.cuda_ipc import CudaIpcImports, CudaIpcRef, TensorRef, TensorSender
 from pipeline.shm import BlockPool, BlockRef
 
+if TYPE_CHECKING:
+    import torch
+
 POOL_TIMEOUT_S = 5.0  # how long a stage waits for a free pool block before failing the job
+# CUDA IPC exports a stage keeps for their consumers at most (then it waits, as for a block).
+# An export lives until the consuming job ends, so the Thinker writing ahead of the Talker in
+# many turns at once holds several per turn; each is one small clone on the GPU.
+CUDA_IPC_MAX_PENDING = 4096
 
 
 class ThinkerJob(msgspec.Struct, frozen=True, tag="thinker_job"):
@@ -36,7 +45,8 @@ class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):
     request_id: str
     text: str = ""  # text delta
     token_ids: list[int] = []
-    embeds: BlockRef | None = None  # (len(token_ids), hidden) float32: embeddings of these tokens
+    # (len(token_ids), hidden) float32: embeddings of these tokens (`StageContext.send_tensor`)
+    embeds: TensorRef | None = None
     transcript: str | None = None  # what the caller said, when the family recognises speech
     finished: bool = False
     finish_reason: str | None = None
@@ -47,8 +57,9 @@ class TalkerJob(msgspec.Struct, frozen=True, tag="talker_job"):
 
     request_id: str
     text: str  # the chunk's text (families that phonemize use this)
-    # (n, thinker_hidden) float32: for families whose Talker reads embeddings
-    text_embeds: BlockRef | None = None
+    # (n, thinker_hidden) float32 for families whose Talker reads embeddings: pieces joined
+    # along dim 0 (`StageContext.take_tensors`); empty: none
+    text_embeds: list[TensorRef] = []
     context_tokens: list[int] = []  # speech tokens this turn already produced (audio context)
     voice: str = "default"
     first_group: int = 4  # tokens in the first group handed on (fast start)
@@ -85,13 +96,39 @@ Job = ThinkerJob | TalkerJob | VoiceBoxJob
 Output = ThinkerOutput | TalkerOutput | VoiceBoxOutput
 
 
+def job_tensors(job: Job) -> list[TensorRef]:
+    """The tensor pieces a job carries for its stage to take (CUDA IPC ones are mapped for it)."""
+    return getattr(job, "text_embeds", None) or []
+
+
+def output_tensors(output: Output) -> list[TensorRef]:
+    """The tensors an output holds (what must be given back if nobody reads it)."""
+    refs = (getattr(output, "embeds", None), getattr(output, "pcm", None))
+    return [ref for ref in refs if ref is not None]
+
+
 @dataclass
 class StageContext:
-    """What a worker hands its stage: the shared pool and the stage's settings from the profile."""
+    """What a worker hands its stage: the shared pool, the stage's settings from the profile,
+    and its ends of the tensor transport.
+
+    `cuda_ipc` says whether the stage that reads this stage's tensors runs on CUDA (the
+    pipeline's `cuda_ipc` setting, for the Thinker whose embeddings the Talker reads): then a
+    CUDA tensor sent with `send_tensor` travels as a CUDA IPC export instead of a block.
+    """
 
     pool: BlockPool
     settings: dict[str, Any]
     models_dir: str
+    stage: str = ""  # this stage's name, which its CUDA IPC exports carry for their release
+    cuda_ipc: bool = False
+    sender: TensorSender = field(init=False, repr=False)
+    imports: CudaIpcImports = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        max_pending = int(self.settings.get("cuda_ipc_max_pending", CUDA_IPC_MAX_PENDING))
+        self.sender = TensorSender(self.pool, self.cuda_ipc, max_pending, self.stage)
+        self.imports = CudaIpcImports()
 
     @property
     def pool_timeout_s(self) -> float:
@@ -103,6 +140,51 @@ class StageContext:
         array = self.pool.view(ref).copy()
         self.pool.release(ref)
         return array
+
+    async def send_tensor(self, tensor: np.ndarray | torch.Tensor) -> TensorRef:
+        """The ref to put in an output for a tensor another stage reads: a CUDA IPC export of
+        a CUDA tensor when that stage runs on CUDA too, else a block (numpy arrays and CPU
+        tensors always, at the pool's cost). Waits up to `pool_timeout_s` for room. Yield the
+        output holding it at once: the runtime gives back what an output it could not send
+        holds, but a ref the stage drops before yielding stays taken until the worker ends."""
+        return await self.sender.send(tensor, self.pool_timeout_s)
+
+    def take_tensors(self, refs: Sequence[TensorRef]) -> np.ndarray | torch.Tensor:
+        """A job's tensor pieces joined along dim 0, each given back: how a stage consumes them.
+
+        Blocks are copied out and released to the pool at once (as `take`); the result is a
+        numpy array when every piece was a block. CUDA IPC pieces (mapped as the job arrived)
+        are joined on their GPU, the join being the copy, and their maps dropped: the result is
+        a CUDA tensor, with any block pieces moved up to it. The producer frees the exports once
+        the job has ended.
+        """
+        if not refs:
+            raise ValueError("no tensor pieces to take")
+        if all(isinstance(ref, BlockRef) for ref in refs):
+            if len(refs) == 1:
+                return self.take(refs[0])
+            joined = np.concatenate([self.pool.view(ref) for ref in refs])
+            for ref in refs:
+                self.pool.release(ref)
+            return joined
+        import torch  # here, not at the top: the API process imports this module
+
+        parts = [self.imports.take(ref) if isinstance(ref, CudaIpcRef)
+                 else torch.from_numpy(self.take(ref)) for ref in refs]
+        device = next(part.device for part in parts if part.is_cuda)
+        return torch.cat([part.to(device) for part in parts])
+
+    def receive_job(self, job: Job) -> None:
+        """Map the job's CUDA IPC pieces now, as it arrives (the worker's runtime calls this)."""
+        self.imports.open(job_tensors(job))
+
+    def end_job(self, job: Job) -> None:
+        """Drop the job's CUDA IPC maps its stage did not take (the job has ended)."""
+        self.imports.close(job_tensors(job))
+
+    def refuse_job(self, job: Job) -> None:
+        """A job refused unopened: give back the counts of CUDA IPC pieces it will never map."""
+        self.imports.refuse(job_tensors(job))
 
 
 class Stage(abc.ABC):

@@ -5,17 +5,21 @@ writes chunk k+1, and the VoiceBox renders group j while the Talker generates gr
 overlap off they run one after the other (for benchmarks). Every model request has its own id
 `call/turn/stage/chunk` and is tracked until it ends, so `cancel()` can abort exactly those.
 Blocks received from a worker are copied out and released at once; blocks this turn writes
-for a job are released when that job's request ends.
+for a job are released when that job's request ends. CUDA IPC exports received from the
+Thinker cannot be read here: the turn keeps them and passes them on in the Talker job of their
+chunk; when that job ends in any way, it tells the Thinker's worker to free them
+(`ReleaseTensors`), and when the turn ends it does the same for those it never passed on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -23,6 +27,7 @@ import numpy as np
 
 from pipeline.cascade import Chunk, ClauseChunker, Piece
 from pipeline.client import StageClient, release_quietly
+from pipeline.cuda_ipc import CudaIpcRef, TensorRef
 from pipeline.errors import PipelineError, StageFailedError
 from pipeline.events import AudioChunk, Event, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 from pipeline.settings import PipelineSettings
@@ -92,6 +97,8 @@ class TurnRun:
         self.in_flight: dict[str, set[str]] = {stage: set() for stage in clients}
         self.cancelled = False
         self.task: asyncio.Task[None] | None = None
+        # CUDA IPC exports received and not yet passed on in a job, by (stage, transfer)
+        self._exports: dict[tuple[str, int], CudaIpcRef] = {}
         self._reply: list[str] = []
         # Counts, and seconds since the turn began: when the caller's words were recognised
         # (audio turns), the first reply text, the first speech tokens and the first PCM
@@ -125,6 +132,13 @@ class TurnRun:
         return f"{self.turn.call_id}/{self.turn.turn_id}/{stage}/{chunk}"
 
     async def _drive(self) -> None:
+        try:
+            await self._cascade()
+        finally:  # every stage loop has ended: what was never passed on goes back now
+            held, self._exports = list(self._exports.values()), {}
+            self._give_back(held, delivered=False)
+
+    async def _cascade(self) -> None:
         overlap = self.overlap
         chunks: Channel[Chunk] = Channel(_CHANNEL_SIZE if overlap else 0)
         groups: Channel[Group] = Channel(_CHANNEL_SIZE if overlap else 0)
@@ -161,10 +175,10 @@ class TurnRun:
                              turn.response_format)
             async with self._stream("thinker", job) as outputs:
                 async for out in outputs:
+                    embeds = self._receive("thinker", out.embeds)  # first: nothing may leak it
                     if out.transcript is not None:
                         self._mark("transcript_s")
                         await self._emit(Transcript(turn.turn_id, out.transcript))
-                    embeds = self._take("thinker", out.embeds)
                     self._usage["thinker_tokens"] += len(out.token_ids)
                     if not out.text and not out.token_ids:
                         continue
@@ -186,17 +200,23 @@ class TurnRun:
         try:
             async for chunk in chunks:
                 self._usage["chunks"] += 1
-                embeds = None
+                exports = self._hand_over(chunk)
+                pieces: list[TensorRef] = []
+                sent: list[bool] = []  # set once the job has left for the Talker's worker
                 try:
-                    if chunk.embeds is not None:
-                        embeds = await self.pool.put(chunk.embeds.astype(np.float32, copy=False),
-                                                     self.settings.pool.put_timeout_s)
+                    for part in chunk.parts:  # arrays go into blocks; exports as they are
+                        if isinstance(part, np.ndarray):
+                            pieces.append(await self.pool.put(part.astype(np.float32, copy=False),
+                                                              self.settings.pool.put_timeout_s))
+                        else:
+                            pieces.append(part)
                     context = spoken[-cascade.context_tokens:] if cascade.context_tokens else []
-                    job = TalkerJob(self.request_id("talker", chunk.index), chunk.text, embeds,
+                    job = TalkerJob(self.request_id("talker", chunk.index), chunk.text, pieces,
                                     context, self.turn.voice,
                                     cascade.first_group if chunk.index == 0 else cascade.group,
                                     cascade.group)
-                    async with self._stream("talker", job) as outputs:
+                    on_sent = functools.partial(sent.append, True)
+                    async with self._stream("talker", job, on_sent) as outputs:
                         index = 0
                         async for out in outputs:
                             if out.tokens:
@@ -204,8 +224,11 @@ class TurnRun:
                                 spoken.extend(out.tokens)
                                 await groups.put(Group(chunk, index, list(out.tokens)))
                                 index += 1
-                finally:
-                    release_quietly(self.pool, embeds)
+                finally:  # the job has ended, whichever way: its tensors are free to go
+                    for piece in pieces:
+                        if isinstance(piece, BlockRef):
+                            release_quietly(self.pool, piece)
+                    self._give_back(exports, delivered=bool(sent))
             self._usage["speech_tokens"] = len(spoken)
         finally:
             groups.close()
@@ -230,7 +253,8 @@ class TurnRun:
                     waiting_since = time.monotonic()
 
     @contextlib.asynccontextmanager
-    async def _stream(self, stage: str, job: Job) -> AsyncIterator[AsyncIterator[Output]]:
+    async def _stream(self, stage: str, job: Job, on_sent: Callable[[], None] | None = None
+                      ) -> AsyncIterator[AsyncIterator[Output]]:
         """Submit `job`, tracking its request id while it is in flight (for cancel).
 
         A context, so that leaving the loop early ends the request at once, not at GC.
@@ -238,10 +262,38 @@ class TurnRun:
         ids = self.in_flight[stage]
         ids.add(job.request_id)
         try:
-            async with contextlib.aclosing(self.clients[stage].submit(job)) as outputs:
+            async with contextlib.aclosing(self.clients[stage].submit(job, on_sent)) as outputs:
                 yield outputs
         finally:
             ids.discard(job.request_id)
+
+    def _receive(self, stage: str, ref: TensorRef | None) -> np.ndarray | CudaIpcRef | None:
+        """A worker's tensor, now this turn's: a block's array copied out (the block released
+        at once), or a CUDA IPC export kept as it is, to pass on and give back later."""
+        if isinstance(ref, CudaIpcRef):
+            self._exports[ref.stage, ref.transfer] = ref
+            return ref
+        return self._take(stage, ref)
+
+    def _hand_over(self, chunk: Chunk) -> list[CudaIpcRef]:
+        """The chunk's exports, which its Talker job now answers for (not the turn's end)."""
+        exports = [part for part in chunk.parts if isinstance(part, CudaIpcRef)]
+        for ref in exports:
+            self._exports.pop((ref.stage, ref.transfer), None)
+        return exports
+
+    def _give_back(self, exports: list[CudaIpcRef], delivered: bool) -> None:
+        """Tell each export's producing worker that it is done with (see ReleaseTensors)."""
+        by_stage: dict[str, list[int]] = {}
+        for ref in exports:
+            by_stage.setdefault(ref.stage, []).append(ref.transfer)
+        for stage, transfers in by_stage.items():
+            client = self.clients.get(stage)
+            if client is None:
+                logger.warning("turn %s: CUDA IPC exports of an unknown stage %r dropped",
+                               self.turn.turn_id, stage)
+                continue
+            client.release_tensors(transfers, delivered)
 
     def _take(self, stage: str, ref: BlockRef | None) -> np.ndarray | None:
         """Copy a worker's block out and release it at once (no block outlives this call)."""

@@ -25,6 +25,7 @@ import setproctitle
 import zmq
 import zmq.asyncio
 
+from pipeline.cuda_ipc import CudaIpcRef, cuda_allocated_bytes
 from pipeline.messages import (
     Abort,
     Aborted,
@@ -32,13 +33,14 @@ from pipeline.messages import (
     Inspect,
     InspectReply,
     Ready,
+    ReleaseTensors,
     RequestError,
     StartFailed,
     client_decoder,
     encode,
 )
-from pipeline.shm import BlockPool
-from pipeline.stage import Job, Stage, StageContext
+from pipeline.shm import BlockPool, StaleBlockError
+from pipeline.stage import Job, Output, Stage, StageContext, output_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class WorkerSpec:
     max_jobs: int = 4096
     log_level: str = "INFO"
     nice: int = 10
+    cuda_ipc: bool = False  # the stage reading this one's tensors maps CUDA ones by CUDA IPC
 
 
 def load_stage_class(family: str, stage: str) -> type[Stage]:
@@ -140,7 +143,8 @@ async def _run(spec: WorkerSpec) -> int:
     try:
         pool = BlockPool.attach(spec.pool_name, owner=spec.owner)
         stage = load_stage_class(spec.family, spec.stage)()
-        await stage.start(StageContext(pool, spec.settings, spec.models_dir))
+        stage_ctx = StageContext(pool, spec.settings, spec.models_dir, spec.stage, spec.cuda_ipc)
+        await stage.start(stage_ctx)
     except Exception as exc:  # any start failure is reported, with its reason, then fatal
         logger.exception("stage %s failed to start", spec.stage)
         await control.send(encode(StartFailed(spec.stage, os.getpid(), _describe(exc))))
@@ -151,7 +155,7 @@ async def _run(spec: WorkerSpec) -> int:
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or vanished client is an error, not a drop
     router.bind(spec.endpoint)
-    server = JobServer(spec, stage, router, control)
+    server = JobServer(spec, stage, stage_ctx, router, control)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await control.send(encode(Ready(spec.stage, os.getpid())))
@@ -172,11 +176,13 @@ def _describe(exc: BaseException) -> str:
 
 
 class JobServer:
-    """The worker's job loop: each job an independent task; abort, inspect and heartbeats."""
+    """The worker's job loop: each job an independent task; abort, inspect, tensor releases
+    and heartbeats. A job's CUDA IPC pieces are mapped as it arrives and dropped at its end."""
 
-    def __init__(self, spec: WorkerSpec, stage: Stage, router: zmq.asyncio.Socket,
-                 control: zmq.asyncio.Socket) -> None:
-        self.spec, self.stage, self.router, self.control = spec, stage, router, control
+    def __init__(self, spec: WorkerSpec, stage: Stage, ctx: StageContext,
+                 router: zmq.asyncio.Socket, control: zmq.asyncio.Socket) -> None:
+        self.spec, self.stage, self.ctx = spec, stage, ctx
+        self.router, self.control = router, control
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self._chores: set[asyncio.Task[None]] = set()
 
@@ -216,17 +222,45 @@ class JobServer:
             return
         if isinstance(msg, Abort):
             self._chore(self._abort(identity, msg))
+        elif isinstance(msg, ReleaseTensors):
+            self._release_tensors(msg)
         elif isinstance(msg, Inspect):
-            reply = InspectReply(msg.ack, list(self.stage.active_request_ids()), list(self.jobs))
+            imports = self.ctx.imports
+            reply = InspectReply(msg.ack, list(self.stage.active_request_ids()), list(self.jobs),
+                                 self.ctx.sender.exporter.pending, imports.held,
+                                 cuda_allocated_bytes())
             self._chore(self._send(identity, reply))
         elif msg.request_id in self.jobs:
-            self._chore(self._send(identity, RequestError(
-                msg.request_id, "ValueError", "a job with this request id is already running")))
+            self._refuse(identity, msg, "ValueError", "a job with this request id is already "
+                                                      "running")
         elif len(self.jobs) >= self.spec.max_jobs:
-            self._chore(self._send(identity, RequestError(
-                msg.request_id, "PipelineBusyError", f"{self.spec.max_jobs} jobs already running")))
+            self._refuse(identity, msg, "PipelineBusyError",
+                         f"{self.spec.max_jobs} jobs already running")
         else:
+            try:
+                self.ctx.receive_job(msg)
+            except Exception as exc:  # e.g. its producer is gone: the job cannot run
+                logger.exception("%s: its CUDA IPC tensors could not be mapped", msg.request_id)
+                self._chore(self._send(identity, RequestError(
+                    msg.request_id, type(exc).__name__, f"mapping its CUDA IPC tensors: {exc}")))
+                return
             self.jobs[msg.request_id] = asyncio.create_task(self._run_job(identity, msg))
+
+    def _refuse(self, identity: bytes, job: Job, error: str, message: str) -> None:
+        self.ctx.refuse_job(job)
+        self._chore(self._send(identity, RequestError(job.request_id, error, message)))
+
+    def _release_tensors(self, msg: ReleaseTensors) -> None:
+        """A consumer is done with these CUDA IPC exports of ours (its job ended)."""
+        try:
+            unknown = self.ctx.sender.release(msg.transfers, msg.delivered)
+        except Exception:  # never let a release end the receive loop
+            logger.exception("stage %s: release of CUDA IPC transfers %s failed",
+                             self.spec.stage, msg.transfers)
+            return
+        if unknown:  # exports of a worker this one replaced, or released twice
+            logger.debug("stage %s: release of unknown CUDA IPC transfers %s ignored",
+                         self.spec.stage, unknown)
 
     def _reject(self, identity: bytes, payload: bytes, exc: Exception) -> None:
         """A malformed job still ends its request (the client would wait for it otherwise)."""
@@ -244,10 +278,12 @@ class JobServer:
         task.add_done_callback(self._chores.discard)
 
     async def _run_job(self, identity: bytes, job: Job) -> None:
-        finished = False
+        finished, unsent = False, None
         try:
             async for output in self.stage.stream(job):
+                unsent = output
                 await self.router.send_multipart([identity, encode(output)])
+                unsent = None
                 finished = output.finished
             if not finished:  # a stage broke the contract: its client must not wait forever
                 raise RuntimeError(f"stage {self.spec.stage} ended {job.request_id} without a "
@@ -262,6 +298,23 @@ class JobServer:
             await self._send(identity, RequestError(job.request_id, type(exc).__name__, str(exc)))
         finally:
             self.jobs.pop(job.request_id, None)
+            self.ctx.end_job(job)
+            if unsent is not None:  # it never left (client gone, or the job aborted mid-send)
+                self._give_back(unsent)
+
+    def _give_back(self, output: Output) -> None:
+        """What an output nobody received holds: its blocks to the pool, its exports dropped
+        (no consumer ever mapped them). Were it sent after all, its job was aborted: the client
+        drops it as a late output, and the second give-back finds nothing left to free."""
+        try:
+            for ref in output_tensors(output):
+                if isinstance(ref, CudaIpcRef):
+                    self.ctx.sender.release([ref.transfer], delivered=False)
+                else:
+                    with contextlib.suppress(StaleBlockError):
+                        self.ctx.pool.release(ref)
+        except Exception:
+            logger.exception("stage %s: giving back an unsent output failed", self.spec.stage)
 
     async def _abort(self, identity: bytes, msg: Abort) -> None:
         """Abort in the engine, drop the jobs' tasks, and only then acknowledge."""

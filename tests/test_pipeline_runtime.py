@@ -22,10 +22,11 @@ import psutil
 import pytest
 
 from pipeline.client import StageClient
+from pipeline.cuda_ipc import CudaIpcRef
 from pipeline.errors import RequestFailedError, StageFailedError
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 from pipeline.orchestrator import Pipeline
-from pipeline.stage import ThinkerJob
+from pipeline.stage import TalkerJob, ThinkerJob
 from pipeline.supervisor import StageState
 from tests.fake_family import HIDDEN, SAMPLES_PER_TOKEN, reply_words
 
@@ -201,6 +202,31 @@ async def test_malformed_job_fails_its_request_instead_of_hanging(pipeline: Pipe
     job = ThinkerJob("bad/1/thinker/0", [{"role": "user", "content": 42}])  # not a str
     with pytest.raises(RequestFailedError, match="ValidationError"):
         await _texts(client, job)
+
+
+async def test_tensor_releases_and_unmappable_cuda_jobs_leave_workers_serving(
+    pipeline: Pipeline,
+) -> None:
+    pids = {stage: status.pid for stage, status in pipeline.health().stages.items()}
+    thinker, talker = pipeline._clients["thinker"], pipeline._clients["talker"]
+    # Releases of transfers the worker never made (as after a restart): ignored, not fatal.
+    thinker.release_tensors([(1 << 40) + 1, (1 << 40) + 2])
+    thinker.release_tensors([(1 << 40) + 3], delivered=False)
+    # A job whose CUDA IPC piece cannot be mapped (no GPU here; on a GPU host its handle is
+    # made up) fails cleanly before its stage sees it.
+    export = CudaIpcRef(1 << 40, "float32", (1, HIDDEN), (HIDDEN, 1), 0, 0, b"h", 4 * HIDDEN,
+                        0, b"/torch_0_0", 0, None, False, "thinker")
+    with pytest.raises(RequestFailedError, match="mapping its CUDA IPC tensors"):
+        async for _ in talker.submit(TalkerJob("cudajob/1/talker/0", "hi", [export])):
+            pass
+    held = await pipeline.active_requests()
+    assert not [r for reply in held.values() for r in reply.serving_ids if "cudajob" in r]
+    for reply in held.values():  # nothing held, and no CUDA used by the fake stages
+        assert (reply.cuda_exports_pending, reply.cuda_imports_held,
+                reply.cuda_allocated_bytes) == (0, 0, 0), reply
+    assert {st: s.pid for st, s in pipeline.health().stages.items()} == pids  # none broke
+    events = await collect(pipeline, turn("after-releases", 8))
+    assert isinstance(events[-1], TurnDone) and events[-1].text == " ".join(reply_words(8))
 
 
 async def _texts(client: StageClient, job: ThinkerJob) -> list[str]:

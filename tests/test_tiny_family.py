@@ -155,7 +155,7 @@ async def test_thinker_json_schema_gives_valid_json(thinker: TinyThinker) -> Non
 async def _talker_job(pool: BlockPool, request_id: str, text: str, **kw) -> TalkerJob:
     rng = np.random.default_rng(3)
     embeds = (rng.standard_normal((len(text) // 4 + 1, 128)) * 0.02).astype(np.float32)
-    return TalkerJob(request_id, text, text_embeds=await pool.put(embeds, 1.0), **kw)
+    return TalkerJob(request_id, text, text_embeds=[await pool.put(embeds, 1.0)], **kw)
 
 
 async def test_talker_streams_speech_tokens_in_groups(talker: TinyTalker, pool: BlockPool) -> None:

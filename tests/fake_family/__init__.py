@@ -24,6 +24,7 @@ from pipeline.stage import (
     Output,
     Stage,
     StageContext,
+    TalkerJob,
     TalkerOutput,
     ThinkerOutput,
     VoiceBoxOutput,
@@ -49,7 +50,7 @@ class _FakeStage(Stage):
         self.child: subprocess.Popen[bytes] | None = None
 
     async def start(self, ctx: StageContext) -> None:
-        self.pool, self.settings = ctx.pool, ctx.settings
+        self.ctx, self.pool, self.settings = ctx, ctx.pool, ctx.settings
         await asyncio.sleep(self.settings.get("start_delay_s", 0.0))  # as a slow engine load
         if reason := self.settings.get("fail_start"):
             raise RuntimeError(reason)
@@ -97,7 +98,7 @@ class FakeThinker(_FakeStage):
             yield ThinkerOutput(job.request_id, transcript=f"<{len(samples)} samples>")
         words = reply_words(job.max_tokens)
         async for i in self._steps(job.request_id, len(words)):
-            embeds = await self.pool.put(np.full((1, HIDDEN), i, np.float32), 1.0)
+            embeds = await self.ctx.send_tensor(np.full((1, HIDDEN), i, np.float32))
             text = words[i] if i == 0 else " " + words[i]
             yield ThinkerOutput(job.request_id, text=text, token_ids=[i], embeds=embeds)
         yield ThinkerOutput(job.request_id, finished=True, finish_reason="length")
@@ -107,9 +108,13 @@ class FakeTalker(_FakeStage):
     name = "talker"
 
     async def stream(self, job: Job) -> AsyncIterator[Output]:
-        if job.text_embeds is not None:
-            assert self.pool.view(job.text_embeds).shape[1] == HIDDEN
-        tokens = [ord(c) for c in job.text]
+        for piece in job.text_embeds:  # read, not taken: the API process releases its blocks
+            assert self.pool.view(piece).shape[1] == HIDDEN
+        async for output in self.speak(job, [ord(c) for c in job.text]):
+            yield output
+
+    async def speak(self, job: TalkerJob, tokens: list[int]) -> AsyncIterator[TalkerOutput]:
+        """`tokens` as the job's groups (a smaller first one), one step apart."""
         size, group = job.first_group, []
         async for i in self._steps(job.request_id, len(tokens)):
             group.append(tokens[i])

@@ -3,7 +3,7 @@
 Each job is one vLLM request whose prompt_embeds are [speaker, projected text embeddings,
 the turn's audio context]. It speaks `tokens_per_char` speech tokens per character of text
 (bounded), handed on in groups: a small first group for a fast start, then `job.group`.
-This stage consumes `job.text_embeds`: it releases the block once read.
+This stage consumes `job.text_embeds` with `ctx.take_tensors`: blocks are released once read.
 """
 
 from __future__ import annotations
@@ -69,10 +69,11 @@ class TinyTalker(EngineStage):
 
     def _prompt(self, job: TalkerJob, n_tokens: int) -> torch.Tensor:
         """Read (and release) the text embeddings, then build the prompt; in the torch thread."""
-        if job.text_embeds is None:
+        if not job.text_embeds:
             raise ValueError(f"{job.request_id}: the tiny Talker speaks from text_embeds, "
                              f"and this job has none")
-        text = torch.from_numpy(self.ctx.take(job.text_embeds))
+        text = torch.as_tensor(self.ctx.take_tensors(job.text_embeds),
+                               device=self.prompts.projection_w.device)  # no copy on the CPU
         room = self.engine.settings.max_model_len - 1 - len(text) - n_tokens
         if room < 0:
             raise ValueError(f"{job.request_id}: {len(text)} text embeddings plus {n_tokens} "

@@ -1,11 +1,12 @@
 """The tiny family's Thinker stage: a vLLM engine fed prompt embeddings, streaming text.
 
 Each job is one vLLM request whose prompt is the embedded chat history with the caller's audio
-spliced in. Every streamed delta carries its tokens' embeddings in a pool block, for the Talker.
+spliced in. Every streamed delta carries its tokens' embeddings for the Talker, sent with
+`ctx.send_tensor`: a pool block for these CPU tensors (a CUDA IPC export were they on a GPU).
 The weights are random, so by default EOS is ignored and a reply is exactly max_tokens long;
 a job with a response_format is guided to its JSON schema and stops when the JSON is complete.
 Block ownership: this stage releases `job.audio` once encoded; whoever consumes a
-ThinkerOutput releases its `embeds`.
+ThinkerOutput gives its `embeds` back.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class TinyThinker(EngineStage):
                 embeds = None
                 if delta.token_ids:
                     vectors = self.prompts.embed(delta.token_ids)  # a few rows: microseconds
-                    embeds = await self.ctx.pool.put(vectors, self.ctx.pool_timeout_s)
+                    embeds = await self.ctx.send_tensor(vectors)
                 yield ThinkerOutput(job.request_id, text=delta.text, token_ids=delta.token_ids,
                                     embeds=embeds, finished=delta.finished,
                                     finish_reason=delta.finish_reason)
