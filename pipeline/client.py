@@ -39,6 +39,10 @@ from pipeline.stage import Job, Output, output_tensors
 
 logger = logging.getLogger(__name__)
 
+# Inspect is a diagnostic with no caller waiting on it: a worker's loop, niced below the API
+# process on a loaded machine, may take over a second to get to it (aborts keep their 1 s).
+INSPECT_TIMEOUT_S = 10.0
+
 
 def release_quietly(pool: BlockPool, ref: BlockRef | None) -> None:
     """Release `ref` unless someone already did (the reader, or a reclaim after a death)."""
@@ -165,7 +169,8 @@ class StageClient:
         if not ids or not self.connected:
             return _done()
         ack = next(self._ack_ids)
-        return self._request(Abort(ids, ack), ack, f"abort of {len(ids)} requests")
+        return self._request(Abort(ids, ack), ack, f"abort of {len(ids)} requests",
+                             self.abort_timeout_s)
 
     def release_tensors(self, transfers: list[int], delivered: bool = True) -> None:
         """Tell the worker (their producer) that these CUDA IPC exports are done with: their
@@ -178,7 +183,7 @@ class StageClient:
         """What the worker is serving and what its engine still holds."""
         await self.wait_connected()
         ack = next(self._ack_ids)
-        reply = await self._request(Inspect(ack), ack, "inspect")
+        reply = await self._request(Inspect(ack), ack, "inspect", INSPECT_TIMEOUT_S)
         if reply is None:
             raise StageFailedError(self.stage, "the worker went away during inspect")
         return reply
@@ -211,15 +216,14 @@ class StageClient:
                 self.stage, f"no connection to the worker within {self.connect_timeout_s:g} s"
             ) from None
 
-    async def _request(self, msg: Any, ack: int, what: str) -> Any:
+    async def _request(self, msg: Any, ack: int, what: str, timeout_s: float) -> Any:
         fut = self._acks[ack] = asyncio.get_running_loop().create_future()
         try:
             await self._sock.send(encode(msg))
-            async with asyncio.timeout(self.abort_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 return await fut
         except TimeoutError:
-            logger.warning("stage %s: no reply to %s within %g s", self.stage, what,
-                           self.abort_timeout_s)
+            logger.warning("stage %s: no reply to %s within %g s", self.stage, what, timeout_s)
             raise StageFailedError(self.stage, f"no reply to {what}") from None
         finally:
             self._acks.pop(ack, None)
