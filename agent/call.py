@@ -29,9 +29,16 @@ from agent.limits import TokenBucket
 from agent.metrics import Metrics
 from agent.payloads import session_object
 from agent.records import CallRecords
+from media.encoded_audio import EncodedAudioTrack
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
-from media.peer import apply_offer, create_answer, hold_inbound_audio, new_peer_connection
+from media.peer import (
+    apply_offer,
+    create_answer,
+    hold_inbound_audio,
+    new_peer_connection,
+    sent_codec,
+)
 from media.vad import SpeechStarted, SpeechStopped, VadConfig, VadSegmenter
 
 log = logging.getLogger(__name__)
@@ -111,7 +118,8 @@ class Call:
         try:
             await apply_offer(self.pc, offer_sdp)
             hold_inbound_audio(self.pc, self.settings.inbound_jitter_packets)
-            self.pc.addTrack(self.outbound)
+            encoded = EncodedAudioTrack(self.outbound, lambda: sent_codec(self.pc, sender))
+            sender = self.pc.addTrack(encoded)
             answer = await create_answer(self.pc)
         except BaseException:
             await self.close()

@@ -8,6 +8,7 @@ from aiortc import (
     RTCConfiguration,
     RTCIceServer,
     RTCPeerConnection,
+    RTCRtpCodecParameters,
     RTCRtpSender,
     RTCSessionDescription,
 )
@@ -44,6 +45,16 @@ async def apply_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
     await pc.setRemoteDescription(offer)
     if pc.sctp is not None:
         guard_data_channel_receive(pc.sctp)
+
+
+def sent_codec(pc: RTCPeerConnection, sender: RTCRtpSender) -> RTCRtpCodecParameters | None:
+    """The codec `sender` sends with, once negotiated (aiortc's sender takes the first of its
+    transceiver's negotiated codecs; aiortc 1.16 keeps them in a private list)."""
+    for transceiver in pc.getTransceivers():
+        if transceiver.sender is sender:
+            codecs = getattr(transceiver, "_codecs", None)
+            return codecs[0] if codecs else None
+    return None
 
 
 def hold_inbound_audio(pc: RTCPeerConnection, packets: int) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
+from tests.media_servers import call_of
 from tests.responder import TONE_HZ
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served
@@ -31,6 +32,9 @@ def question(tmp_path_factory: pytest.TempPathFactory) -> tuple[np.ndarray, int,
     assert rate == 48_000
     start_ms, end_ms = speech_bounds(pcm, rate)
     return pcm, start_ms, end_ms
+
+
+ENCODERS = {(): "OpusEncoder", ("PCMU",): "PcmuEncoder", ("PCMA",): "PcmaEncoder"}
 
 
 def dominant_hz(pcm: np.ndarray, rate: int = 48_000) -> float:
@@ -65,6 +69,13 @@ async def test_speech_detected_at_its_position_and_answered(
         loud = np.flatnonzero(np.abs(heard) > 1000)
         assert loud.size > 0.5 * 48_000, "the agent's tone did not reach the caller"
         assert abs(dominant_hz(heard[loud[0] : loud[-1]]) - TONE_HZ) < 5
+        # The server encoded it itself, for the negotiated codec (media/encoded_audio.py), and
+        # stamped the packets 20 ms apart on the codec's clock.
+        server_call = call_of(media_server, caller)
+        track = next(s.track for s in server_call.pc.getSenders() if s.kind == "audio")
+        assert type(track.encoder).__name__ == ENCODERS[codecs]
+        steps = np.diff(caller.received_pts)
+        assert steps.size > 100 and np.all(steps == steps[0]) and steps[0] > 0, steps
     finally:
         await caller.hang_up()
 
