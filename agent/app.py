@@ -24,7 +24,6 @@ from agent.records import CallRecords
 from agent.records_api import router as records_router
 from agent.session import Session
 from agent.signalling import router as signalling_router
-from media import audio_level
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,6 @@ def create_app(
     """Build the app; `pipeline` (when given) is started in the background at startup so the
     API answers /healthz at once while the engines load. Calls are handled by a conversation
     `Session` on that pipeline unless `handler_factory` says otherwise (tests)."""
-    audio_level.install()  # aiortc's per-packet audio level, vectorised: same values, 1/20 the CPU
     if handler_factory is None and pipeline is not None:
 
         def handler_factory(call: Call) -> Session:
