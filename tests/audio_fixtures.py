@@ -40,6 +40,14 @@ def speech_wav(
     return path
 
 
+def monologue_wav(folder: Path) -> np.ndarray:
+    """About seven seconds of espeak-ng speech (48 kHz) with no pause long enough to end an
+    utterance: a caller who never stops talking."""
+    text = " ".join(["the quick brown fox jumps over the lazy dog and keeps on running"] * 2)
+    path = speech_wav(text, folder / "monologue.wav", pad_before_s=0.5, pad_after_s=1.5)
+    return read_wav(path)[0]
+
+
 def read_wav(path: Path | str) -> tuple[np.ndarray, int]:
     """Read a 16-bit PCM WAV: samples as int16 (shape (n,) mono, (n, channels) otherwise)."""
     with wave.open(str(path), "rb") as wav:

@@ -15,7 +15,7 @@ import pytest
 
 from agent.config import Settings, VadSettings
 from media.vad import SAMPLE_RATE
-from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
+from tests.audio_fixtures import monologue_wav, read_wav, speech_bounds, speech_wav
 from tests.media_servers import call_of, responder_of, tone_server
 from tests.product_calls import wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
@@ -37,11 +37,7 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def monologue(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    """About nine seconds of speech without a pause long enough to end an utterance."""
-    text = " ".join(["the quick brown fox jumps over the lazy dog and keeps on running"] * 2)
-    path = speech_wav(text, tmp_path_factory.mktemp("speech") / "monologue.wav",
-                      pad_before_s=0.5, pad_after_s=1.5)
-    return read_wav(path)[0]
+    return monologue_wav(tmp_path_factory.mktemp("speech"))
 
 
 async def call(url: str, pcm: np.ndarray, codecs: tuple[str, ...] = ()) -> RtcCaller:

@@ -23,7 +23,7 @@ from agent.config import ConversationSettings, Settings, VadSettings
 from agent.events import client_event_models
 from agent.profiles import build_pipeline
 from media.vad import SAMPLE_RATE
-from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
+from tests.audio_fixtures import monologue_wav, speech_bounds
 from tests.conftest import wait_ready
 from tests.product_calls import (
     assert_valid_events,
@@ -68,11 +68,7 @@ async def capped_server(
 
 @pytest.fixture(scope="module")
 def monologue(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    """About seven seconds of speech without a pause long enough to end an utterance."""
-    text = " ".join(["the quick brown fox jumps over the lazy dog and keeps on running"] * 2)
-    path = speech_wav(text, tmp_path_factory.mktemp("speech") / "monologue.wav",
-                      pad_before_s=0.5, pad_after_s=1.5)
-    return read_wav(path)[0]
+    return monologue_wav(tmp_path_factory.mktemp("speech"))
 
 
 async def test_never_ending_speech_is_committed_at_the_cap_and_answered(
