@@ -16,10 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
-import subprocess
 import tempfile
-import wave
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +26,7 @@ import httpx
 import numpy as np
 
 from agent.bench_caller import BenchCaller
+from agent.bench_speech import espeak
 from agent.config import Settings
 
 log = logging.getLogger(__name__)
@@ -63,18 +61,6 @@ FIGURES = (
 )
 PAUSE_S = 0.8  # between the end of a reply and the next question
 TURN_TIMEOUT_S = 60.0
-
-
-def speak(text: str, directory: Path) -> tuple[np.ndarray, int]:
-    """`text` spoken by espeak-ng: int16 mono PCM and its sample rate."""
-    espeak = shutil.which("espeak-ng")
-    if espeak is None:
-        raise RuntimeError("espeak-ng is not installed (Debian package espeak-ng)")
-    path = directory / "question.wav"
-    subprocess.run([espeak, "-w", str(path), text], check=True, capture_output=True)
-    with wave.open(str(path), "rb") as wav:
-        pcm = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").astype(np.int16)
-        return pcm, wav.getframerate()
 
 
 @contextlib.asynccontextmanager
@@ -133,7 +119,7 @@ class TurnFigures:
 async def one_turn(caller: BenchCaller, app: Any, n: int, question: str,
                    directory: Path) -> TurnFigures:
     """Ask `question` as the call's n-th turn; wait for the reply to finish playing."""
-    pcm, rate = await asyncio.to_thread(speak, question, directory)
+    pcm, rate = await asyncio.to_thread(espeak, question, directory / "question.wav")
     await caller.say(pcm, rate)
     done = await caller.wait_for("response.done", n, TURN_TIMEOUT_S)
     if done["response"]["status"] != "completed":

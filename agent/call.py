@@ -342,7 +342,8 @@ class Call:
         self.records.call_ended(self.id, reason)
         self.outbound.stop()
         await self.pc.close()
-        log.info("call %s ended", self.id)
+        log.info("call %s ended (%s) after %.1f s", self.id, reason,
+                 time.monotonic() - self.started_at)
 
 
 def _unsent(channel: RTCDataChannel) -> bool:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from agent.bench_calls import read_wav, utterance_wavs
 from agent.bench_server import histogram_quantile, parse_samples
+from agent.bench_speech import read_wav, utterance_wavs
 from agent.cli import parse_args, pipeline_overrides
 from agent.config import Settings
 from agent.profiles import pipeline_settings

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench_calls import Plan, run_level, summarise, utterance_wavs
+from agent.bench_calls import Plan, run_level
+from agent.bench_calls_report import summarise
 from agent.bench_server import ServerProcess, ServerWatch
+from agent.bench_speech import utterance_wavs
 
 pytestmark = pytest.mark.engines
 

@@ -1,0 +1,151 @@
+"""`omnivox bench calls`' figures: one level's summary (the JSON), the table and the targets."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from agent.bench_calls import LevelRun
+
+TARGETS = {  # issue 7, for the tiny family
+    "ttfa_p50_ms_at_1": 150.0,
+    "ttfa_p50_ms_at_16": 500.0,
+    "barge_in_stop_p95_ms": 300.0,
+    "calls_held": 64,
+}
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "max": None, "n": 0}
+    p50, p95 = np.percentile(values, [50, 95]).tolist()
+    return {"p50": p50, "p95": p95, "max": float(max(values)), "n": len(values)}
+
+
+def summarise(run: LevelRun) -> dict[str, Any]:
+    """One level's figures (the JSON's `levels` entries)."""
+    ok = [t for t in run.turns if t["ok"]]
+    failed = [t for t in run.turns if not t["ok"]]
+    connected = [c for c in run.calls if c.get("connected")]
+    silence = next((c["silence_ms"] for c in connected if c.get("silence_ms") is not None), None)
+    ttfa = [t["ttfa_ms"] for t in ok if t["ttfa_ms"] is not None]
+    barge = [t["barge_in_stop_ms"] for t in ok if t["barge_in_stop_ms"] is not None]
+    heard = [(t["barge_in_stop_ms"], t["barge_in_heard_ms"]) for t in ok
+             if t["barge_in_stop_ms"] is not None and t["barge_in_heard_ms"] is not None]
+    last_done = max((t["ended_at"] for t in ok), default=run.started_at)
+    busy_s = max(1e-9, last_done - run.started_at)
+    lags = [w["loop_lag_p99_ms"] for w in run.workers if w.get("loop_lag_p99_ms") is not None]
+    level = {
+        "concurrency": run.plan.concurrency,
+        "calls_connected": len(connected),
+        "calls_refused": run.plan.concurrency - len(connected),
+        "calls_dropped": sum(1 for c in connected if c.get("dropped")),
+        "drops": [c["drop"] for c in connected if c.get("drop")][:5],
+        "refusals": dict(Counter(c["reason"] for c in run.calls if not c.get("connected"))),
+        "connect_s": run.started_at - run.began,
+        "connect_ms": percentiles([c["connect_ms"] for c in connected if "connect_ms" in c]),
+        "turns_ok": len(ok),
+        "turns_failed": len(failed),
+        "failures": dict(Counter((t["reason"] or "?").split(" within")[0] for t in failed)),
+        "error_events": sum(c.get("error_events", 0) for c in connected),
+        "errors": sorted({e for c in connected for e in c.get("errors", [])})[:5],
+        "ttfa_ms": percentiles(ttfa),
+        "silence_ms": silence,
+        "ttfa_after_vad_ms": percentiles([v - silence for v in ttfa] if silence else []),
+        "barge_in_stop_ms": percentiles(barge),
+        # The server's speech_started (its VAD has 60 ms of the caller's speech) arrived this
+        # long after our onset; the stop time counted from there instead.
+        "barge_in_heard_ms": percentiles([h for _, h in heard]),
+        "barge_in_stop_after_heard_ms": percentiles([s - h for s, h in heard]),
+        "barge_ins_planned": sum(1 for t in run.turns if t["barge_in"]),
+        "gaps_ms_max": max((t["gaps_ms"] for t in ok if t["gaps_ms"] is not None), default=None),
+        "gaps": sum(t["gaps"] for t in ok),
+        "late_ms_max": max((t["late_ms"] for t in ok if t["late_ms"] is not None),
+                           default=None),
+        "turns_per_s": len(ok) / busy_s,
+        "wall_s": run.ended_at - run.started_at,
+        "generator_loop_lag_p99_ms": max(lags) if lags else None,
+        "generator_cpu_cores": sum(w.get("cpu_cores") or 0.0 for w in run.workers),
+        "rtp_misses": sum(c.get("rtp_misses", 0) for c in connected),
+        "server": run.server,
+        "samples": {"ttfa_ms": sorted(ttfa), "barge_in_stop_ms": sorted(barge)},
+    }
+    crashed = [c["crashed"] for c in connected if c.get("crashed")]
+    if crashed:
+        level["crashed"] = crashed[:3]
+    return level
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def report(result: dict[str, Any]) -> str:
+    """The terminal table: one row per level, then the targets."""
+    head = (f"{'calls':>5} {'held':>5} {'drop':>4} {'ok':>5} {'fail':>4} {'ttfa p50':>9} "
+            f"{'p95':>6} {'-vad p50':>9} {'p95':>6} {'barge p50':>9} {'p95':>6} {'gap max':>8} "
+            f"{'late max':>8} {'turns/s':>7} {'srv lag p99':>11} {'gen lag p99':>11}")
+    lines = [f"omnivox bench calls: {result['server_label']}; milliseconds at the caller "
+             f"(ttfa: end of speech -> first reply audio; -vad: less the "
+             f"{fmt(result['levels'][0].get('silence_ms'))} ms end-of-turn silence)", head]
+    rows = [*result["levels"]]
+    if result.get("sequential"):
+        rows.append({**result["sequential"], "label": "seq"})
+    for level in rows:
+        server = level.get("server") or {}
+        lag = server.get("event_loop_lag_p99_ms")
+        label = level.get("label") or str(level["concurrency"])
+        lines.append(
+            f"{label:>5} {level['calls_connected']:>5} {level['calls_dropped']:>4} "
+            f"{level['turns_ok']:>5} {level['turns_failed']:>4} "
+            f"{fmt(level['ttfa_ms']['p50']):>9} {fmt(level['ttfa_ms']['p95']):>6} "
+            f"{fmt(level['ttfa_after_vad_ms']['p50']):>9} "
+            f"{fmt(level['ttfa_after_vad_ms']['p95']):>6} "
+            f"{fmt(level['barge_in_stop_ms']['p50']):>9} "
+            f"{fmt(level['barge_in_stop_ms']['p95']):>6} {fmt(level['gaps_ms_max']):>8} "
+            f"{fmt(level['late_ms_max']):>8} {level['turns_per_s']:>7.2f} {fmt(lag, 1):>11} "
+            f"{fmt(level['generator_loop_lag_p99_ms'], 1):>11}")
+        if level["failures"] or level["refusals"]:
+            lines.append(f"      failures {level['failures']} refusals {level['refusals']}")
+        if level["errors"]:
+            lines.append(f"      error events: {level['errors']}")
+    if result.get("cascade_vs_sequential"):
+        c = result["cascade_vs_sequential"]
+        lines.append(f"cascade vs sequential stages at {c['concurrency']} call(s), first audio "
+                     f"after the end-of-turn silence p50: {fmt(c['cascade_ms'])} vs "
+                     f"{fmt(c['sequential_ms'])} ms: {fmt(c['ratio'], 2)}x sooner")
+    lines += [f"target (issue 7, tiny family): {line}" for line in verdicts(result["levels"])]
+    return "\n".join(lines)
+
+
+def verdicts(levels: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets (stated for the tiny family) against these figures."""
+    by = {level["concurrency"]: level for level in levels}
+    out = []
+    for n, key in ((1, "ttfa_p50_ms_at_1"), (16, "ttfa_p50_ms_at_16")):
+        if n in by:
+            raw, net = by[n]["ttfa_ms"]["p50"], by[n]["ttfa_after_vad_ms"]["p50"]
+            limit = TARGETS[key]
+            met = net is not None and net < limit
+            out.append(f"time to first audio p50 < {limit:.0f} ms at {n} call(s): "
+                       f"{fmt(net)} ms after the end-of-turn silence ({fmt(raw)} ms from the "
+                       f"end of speech): {'met' if met else 'MISSED'}")
+    barge = [level["barge_in_stop_ms"]["p95"] for level in levels
+             if level["barge_in_stop_ms"]["p95"] is not None]
+    if barge:
+        limit = TARGETS["barge_in_stop_p95_ms"]
+        after = [level["barge_in_stop_after_heard_ms"]["p95"] for level in levels
+                 if level["barge_in_stop_after_heard_ms"]["p95"] is not None]
+        out.append(f"barge-in stop p95 < {limit:.0f} ms: worst level {max(barge):.0f} ms from "
+                   f"the caller's onset ({fmt(max(after, default=None))} ms after the server's "
+                   f"speech_started arrived): {'met' if max(barge) < limit else 'MISSED'}")
+    held = TARGETS["calls_held"]
+    if held in by:
+        level = by[held]
+        met = level["calls_connected"] == held and not level["calls_dropped"]
+        out.append(f"{held} concurrent calls held without drops: {level['calls_connected']} "
+                   f"connected, {level['calls_dropped']} dropped: {'met' if met else 'MISSED'}")
+    return out
