@@ -4,8 +4,8 @@ Client -> worker (ROUTER socket of the worker): a job (`ThinkerJob`, `TalkerJob`
 `VoiceBoxJob` from stage.py: sending one submits it), `Abort`, `Inspect`, `ReleaseTensors`.
 Worker -> client: the job's outputs (stage.py), `RequestError`, `Aborted`, `InspectReply`.
 Worker -> supervisor (PUSH to the supervisor's PULL socket): `Ready`, `Heartbeat`,
-`StartFailed`. Tensors never travel here: outputs and jobs carry `BlockRef`s into the pool, or
-`CudaIpcRef`s (cuda_ipc.py) for CUDA tensors one stage sends another on a GPU host.
+`Broken`, `StartFailed`. Tensors never travel here: outputs and jobs carry `BlockRef`s into the
+pool, or `CudaIpcRef`s (cuda_ipc.py) for CUDA tensors one stage sends another on a GPU host.
 
 A CUDA IPC export's route: the producing stage's output carries the `CudaIpcRef`; the API
 process passes it on, unread, in the consuming stage's job; when that job ends in any way (or
@@ -89,6 +89,15 @@ class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat"):
     active: int
 
 
+class Broken(msgspec.Struct, frozen=True, tag="broken"):
+    """The worker lives but its stage can serve no more (`Stage.failure`): replace it. Sent in
+    place of every heartbeat from then on."""
+
+    stage: str
+    pid: int
+    reason: str
+
+
 class StartFailed(msgspec.Struct, frozen=True, tag="start_failed"):
     """The stage could not start; the worker exits after sending this."""
 
@@ -101,7 +110,7 @@ ClientMessage = ThinkerJob | TalkerJob | VoiceBoxJob | Abort | Inspect | Release
 WorkerMessage = (
     ThinkerOutput | TalkerOutput | VoiceBoxOutput | RequestError | Aborted | InspectReply
 )
-ControlMessage = Ready | Heartbeat | StartFailed
+ControlMessage = Ready | Heartbeat | Broken | StartFailed
 
 encode = msgspec.msgpack.Encoder().encode
 client_decoder = msgspec.msgpack.Decoder(ClientMessage)

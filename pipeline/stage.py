@@ -208,5 +208,10 @@ class Stage(abc.ABC):
         """Request ids the engine itself still holds (asked of the engine, not our own books)."""
         return []
 
+    def failure(self) -> str | None:
+        """Why the stage can serve no more although its process lives (its engine died), or
+        None. The worker reports it and the supervisor replaces the worker."""
+        return None
+
     async def stop(self) -> None:  # noqa: B027 - optional hook; stages without engines skip it
         """Shut the engine down."""

@@ -2,9 +2,10 @@
 
 Each stage has one slot and one watcher task. A watcher spawns its worker (`spawn` context),
 waits for `Ready` (or `StartFailed`, an exit, or the start timeout), then watches the running
-worker through its process sentinel and its heartbeats. When a worker dies or hangs: its
-in-flight requests are failed (`on_lost`), its whole process group is killed (no orphaned
-engine processes), its pool blocks are reclaimed, and after a back-off a new one is started.
+worker through its process sentinel and its heartbeats. When a worker dies, hangs or says it is
+`Broken` (alive, but its engine died): its in-flight requests are failed (`on_lost`), its whole
+process group is killed (no orphaned engine processes), its pool blocks are reclaimed, and
+after a back-off a new one is started.
 Consecutive failed starts past `max_attempts` mark the stage failed, with the reason, and
 `on_failed` tells the pipeline's owner (a failed stage is never restarted: calls must hear of it).
 """
@@ -26,7 +27,7 @@ from multiprocessing.process import BaseProcess
 import zmq
 import zmq.asyncio
 
-from pipeline.messages import Heartbeat, Ready, StartFailed, control_decoder
+from pipeline.messages import Broken, Heartbeat, Ready, StartFailed, control_decoder
 from pipeline.settings import RestartPolicy
 from pipeline.shm import BlockPool
 from pipeline.worker import WorkerSpec, worker_main
@@ -70,6 +71,7 @@ class _Slot:
         self.exited: asyncio.Future[None] | None = None  # of the current process
         self.started: asyncio.Future[Ready | StartFailed] | None = None
         self.last_beat = 0.0
+        self.broken: str | None = None  # the running worker's stage can serve no more: why
         self.settled = asyncio.Event()  # ready or failed: start() waits for this
 
     def update(self, **changes: object) -> None:
@@ -133,7 +135,7 @@ class Supervisor:
             else:
                 failures += 1
             logger.error("stage %s: %s", slot.spec.stage, reason)
-            slot.update(state=StageState.RESTARTING, reason=reason)
+            slot.update(state=StageState.RESTARTING, reason=reason, active=0)
             self.on_lost(slot.spec.stage, reason)
             await self._bury(slot, 0.0)
             if failures >= self.policy.max_attempts:
@@ -155,6 +157,7 @@ class Supervisor:
         process = _SPAWN.Process(target=worker_main, args=(spec,), name=f"omnivox-{spec.stage}")
         process.start()  # a few ms: fork/exec and a small pickle; the import runs in the child
         slot.process, slot.exited, slot.last_beat = process, _exit_future(process), loop.time()
+        slot.broken = None
         slot.update(pid=process.pid)
         done, _ = await asyncio.wait([slot.started, slot.exited],
                                      timeout=self.policy.start_timeout_s,
@@ -175,6 +178,8 @@ class Supervisor:
             await _wait(slot.exited, self.policy.heartbeat_s)
             if slot.exited.done():
                 return await _exit_reason(slot.process)
+            if slot.broken is not None:
+                return f"{slot.broken}; worker replaced"
             silent = loop.time() - slot.last_beat
             if silent > self.policy.heartbeat_timeout_s:
                 return f"no heartbeat for {silent:.1f} s (hung); killed"
@@ -208,6 +213,8 @@ class Supervisor:
             if isinstance(msg, Heartbeat):
                 if msg.active != slot.status.active:
                     slot.update(active=msg.active)
+            elif isinstance(msg, Broken):
+                slot.broken = msg.reason
             elif slot.started is not None and not slot.started.done():
                 slot.started.set_result(msg)
 

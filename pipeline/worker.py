@@ -29,6 +29,7 @@ from pipeline.cuda_ipc import CudaIpcRef, cuda_allocated_bytes
 from pipeline.messages import (
     Abort,
     Aborted,
+    Broken,
     Heartbeat,
     Inspect,
     InspectReply,
@@ -185,6 +186,7 @@ class JobServer:
         self.router, self.control = router, control
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self._chores: set[asyncio.Task[None]] = set()
+        self._broken = False  # the stage's failure has been logged
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Receive and dispatch messages until `stop` is set (or the receive loop breaks)."""
@@ -342,10 +344,26 @@ class JobServer:
             logger.warning("reply to a vanished client dropped: %s", exc)
 
     async def _heartbeat(self) -> None:
-        """Beat from the event loop itself, so a blocked loop reads as a hung worker."""
+        """Beat from the event loop itself, so a blocked loop reads as a hung worker; once the
+        stage can serve no more (its engine died), say `Broken` instead, every beat."""
         pid = os.getpid()
         while True:
-            beat = encode(Heartbeat(self.spec.stage, pid, len(self.jobs)))
+            failure = self._failure()
+            if failure is None:
+                beat = encode(Heartbeat(self.spec.stage, pid, len(self.jobs)))
+            else:
+                beat = encode(Broken(self.spec.stage, pid, failure))
             with contextlib.suppress(zmq.Again):  # the supervisor is busy: the next beat will do
                 await self.control.send(beat, flags=zmq.NOBLOCK)
             await asyncio.sleep(self.spec.heartbeat_s)
+
+    def _failure(self) -> str | None:
+        try:
+            failure = self.stage.failure()
+        except Exception as exc:  # a check that breaks says the same
+            failure = f"its health check raised {_describe(exc)}"
+        if failure is not None and not self._broken:
+            self._broken = True
+            logger.error("stage %s can serve no more: %s; asking to be replaced",
+                         self.spec.stage, failure)
+        return failure

@@ -140,3 +140,35 @@ async def test_talker_killed_mid_turn_fails_the_turn_then_recovers(tiny: Pipelin
     after = await collect(tiny, Turn("after-kill", MESSAGES, max_tokens=20))
     assert isinstance(after[-1], TurnDone), after[-1]
     assert any(isinstance(e, AudioChunk) for e in after)
+
+
+async def test_dead_engine_in_a_live_worker_gets_the_worker_replaced(tiny: Pipeline) -> None:
+    """kill -9 of the Thinker's vLLM engine core, not of its worker: the worker lives on, but
+    its engine is dead (vLLM fails every request with EngineDeadError). The turn fails, the
+    worker reports itself broken and the supervisor replaces it; the next turn is answered."""
+    status = tiny.health().stages["thinker"]
+    worker = psutil.Process(status.pid)
+    cores = [p for p in worker.children(recursive=True) if p.name() == "VLLM::EngineCore"]
+    assert len(cores) == 1, worker.children(recursive=True)
+    events = tiny.respond(Turn("engine-killed", MESSAGES, max_tokens=300))
+    await first_audio(events)
+    cores[0].kill()
+    rest = [e async for e in events]
+    assert isinstance(rest[-1], TurnFailed), rest[-1:]
+    assert "EngineDeadError" in str(rest[-1].error), rest[-1]
+    deadline = time.monotonic() + 30
+    while tiny.health().stages["thinker"].state == StageState.READY:
+        assert time.monotonic() < deadline, "the broken worker was never replaced"
+        await asyncio.sleep(0.1)
+    replacing = tiny.health().stages["thinker"]
+    assert "engine core died" in replacing.reason, replacing
+    deadline = time.monotonic() + 240
+    while tiny.health().stages["thinker"].state != StageState.READY:
+        assert time.monotonic() < deadline, tiny.health()
+        await asyncio.sleep(0.2)
+    replaced = tiny.health().stages["thinker"]
+    assert replaced.pid != status.pid and replaced.restarts == status.restarts + 1, replaced
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+    after = await collect(tiny, Turn("after-engine-kill", MESSAGES, max_tokens=20))
+    assert isinstance(after[-1], TurnDone), after[-1]
+    assert any(isinstance(e, AudioChunk) for e in after)

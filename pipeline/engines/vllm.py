@@ -188,6 +188,13 @@ class VllmEngine:
         states = self._llm.output_processor.request_states
         return sorted({state.external_req_id for state in states.values()})
 
+    def failure(self) -> str | None:
+        """Why the engine can serve no more, or None. vLLM marks it dead on its own when its
+        engine core process exits; every request then fails with EngineDeadError."""
+        if self._llm is not None and self._llm.errored:
+            return "its vLLM engine core died (EngineDeadError)"
+        return None
+
     async def stop(self) -> None:
         """Shut the engine and its processes down (off the event loop)."""
         llm, self._llm = self._llm, None

@@ -108,6 +108,9 @@ class LocalThinker(Stage):
     def active_request_ids(self) -> list[str]:
         return self.engine.active_request_ids()
 
+    def failure(self) -> str | None:
+        return self.engine.failure()
+
     async def stop(self) -> None:
         await self.engine.stop()
         self.hearing.close()
