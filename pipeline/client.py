@@ -23,7 +23,13 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from pipeline.cuda_ipc import CudaIpcRef
-from pipeline.errors import PipelineBusyError, PipelineError, RequestFailedError, StageFailedError
+from pipeline.errors import (
+    PipelineBusyError,
+    PipelineError,
+    RequestFailedError,
+    StageFailedError,
+    StageStalledError,
+)
 from pipeline.messages import (
     Abort,
     Aborted,
@@ -72,8 +78,9 @@ class _Inbox:
         self.ended, self.error = True, error
         self._wake.set()
 
-    async def get(self) -> Output | None:
-        """The next output; None once the request was aborted; raises its error if it failed.
+    async def get(self, stall_s: float) -> Output | None:
+        """The next output; None once the request was aborted; raises its error if it failed,
+        TimeoutError when nothing came for `stall_s`.
 
         Once ended, nothing more is handed out: what is still queued is the caller's to release.
         """
@@ -85,16 +92,18 @@ class _Inbox:
             if self.items:
                 return self.items.popleft()
             self._wake.clear()
-            await self._wake.wait()
+            async with asyncio.timeout(stall_s):
+                await self._wake.wait()
 
 
 class StageClient:
     """Submit jobs to one stage worker and stream their outputs back."""
 
     def __init__(self, stage: str, endpoint: str, pool: BlockPool, *, queue_size: int = 1024,
-                 abort_timeout_s: float = 1.0, connect_timeout_s: float = 10.0) -> None:
+                 abort_timeout_s: float = 1.0, connect_timeout_s: float = 10.0,
+                 stall_timeout_s: float = 30.0) -> None:
         self.stage, self.endpoint, self.pool = stage, endpoint, pool
-        self.queue_size = queue_size
+        self.queue_size, self.stall_timeout_s = queue_size, stall_timeout_s
         self.abort_timeout_s, self.connect_timeout_s = abort_timeout_s, connect_timeout_s
         self._inboxes: dict[str, _Inbox] = {}
         self._acks: dict[int, asyncio.Future[Any]] = {}
@@ -148,7 +157,7 @@ class StageClient:
             await self._sock.send(encode(job))
             if on_sent is not None:
                 on_sent()
-            while (output := await inbox.get()) is not None:
+            while (output := await self._next(inbox, rid)) is not None:
                 yield output
                 if output.finished:
                     return
@@ -156,6 +165,23 @@ class StageClient:
             if self._inboxes.pop(rid, None) is not None:  # left early: the worker must drop it
                 self._send_soon(Abort([rid]))
             self._discard(inbox.items)
+
+    async def _next(self, inbox: _Inbox, rid: str) -> Output | None:
+        """The request's next output. A request silent past the stall timeout is aborted in
+        the worker (acknowledged, or given up after the abort timeout), then fails."""
+        try:
+            return await inbox.get(self.stall_timeout_s)
+        except TimeoutError:
+            pass
+        logger.error("stage %s: request %s stalled: no output for %g s; aborting it",
+                     self.stage, rid, self.stall_timeout_s)
+        try:
+            await self.abort([rid])
+            aborted = "the request was aborted"
+        except StageFailedError as exc:
+            aborted = f"its abort was not acknowledged ({exc.reason})"
+        raise StageStalledError(self.stage, f"no output for {self.stall_timeout_s:g} s "
+                                            f"(stalled); {aborted}")
 
     def abort(self, request_ids: list[str]) -> Awaitable[None]:
         """End these requests here now; the awaitable waits until the worker has dropped them.

@@ -20,6 +20,11 @@ class StageFailedError(StageError):
     """The stage's worker died, hung or is not running: its in-flight requests are lost."""
 
 
+class StageStalledError(StageError):
+    """A request of the stage produced no output for the pipeline's `stall_timeout_s` (its
+    engine is stuck, or hopelessly behind): it was aborted, the worker left running."""
+
+
 class RequestFailedError(StageError):
     """The stage's worker is alive but this one request failed inside it."""
 

@@ -83,7 +83,8 @@ class Pipeline:
         for spec in specs:
             client = StageClient(spec.stage, spec.endpoint, self.pool, queue_size=s.request_queue,
                                  abort_timeout_s=s.abort_timeout_s,
-                                 connect_timeout_s=s.connect_timeout_s)
+                                 connect_timeout_s=s.connect_timeout_s,
+                                 stall_timeout_s=s.stall_timeout_s)
             client.connect()
             self._clients[spec.stage] = client
         self._supervisor = Supervisor(specs, s.restart, f"ipc://{self._dir}/control.sock",

@@ -64,6 +64,9 @@ class PipelineSettings(BaseModel):
     event_queue: int = Field(256, ge=8, description="events buffered per turn for the agent")
     abort_timeout_s: float = Field(1.0, gt=0, description="wait for a worker's abort reply")
     connect_timeout_s: float = Field(10.0, gt=0, description="wait for a worker connection")
+    stall_timeout_s: float = Field(
+        30.0, gt=0, description="a model request with no output for this long fails its turn "
+        "(StageStalledError) and is aborted: a stuck engine never leaves a caller waiting")
     # CPU priority of each stage's processes, below the API process (0): the call plane's
     # pacing comes first, then the stages nearest the caller's ear. The Thinker writes ahead
     # of playback, so its later tokens can wait while the VoiceBox renders the first audio

@@ -23,7 +23,7 @@ import pytest
 
 from pipeline.client import StageClient
 from pipeline.cuda_ipc import CudaIpcRef
-from pipeline.errors import RequestFailedError, StageFailedError
+from pipeline.errors import RequestFailedError, StageFailedError, StageStalledError
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 from pipeline.orchestrator import Pipeline
 from pipeline.stage import TalkerJob, ThinkerJob
@@ -181,6 +181,36 @@ async def test_hung_worker_is_killed_and_replaced(pipeline: Pipeline) -> None:
     await ready_again(pipeline, "thinker", old)
     assert not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE
     assert isinstance((await collect(pipeline, turn("after-hang", 5)))[-1], TurnDone)
+
+
+async def test_stalled_request_fails_its_turn_and_is_aborted_in_the_worker() -> None:
+    """A request the stage took and never answers (a stuck engine; its worker heartbeats on)
+    fails its turn after the stall timeout with StageStalledError and is aborted in the
+    worker, which keeps serving; a slow reply whose outputs come closer together than the
+    timeout completes however long it takes in all."""
+    stall_s = 2.0
+    slow = {"token_s": 0.5, "hold_blocks": KEPT_BLOCKS}  # 8 words: 4 s in all
+    async with Pipeline({**settings(thinker=slow), "stall_timeout_s": stall_s}) as pipe:
+        pid = pipe.health().stages["thinker"].pid
+        events = await collect(pipe, turn("slow", 8))
+        assert isinstance(events[-1], TurnDone), events[-1]
+        assert events[-1].usage["elapsed_s"] > 2 * stall_s
+        began = time.monotonic()
+        async with asyncio.timeout(stall_s + 30):  # without a stall timeout: hung for good
+            events = await collect(pipe, turn("stalled", 8, say="STALL now"))
+        waited = time.monotonic() - began
+        assert isinstance(events[-1], TurnFailed), events[-1]
+        error = events[-1].error
+        assert isinstance(error, StageStalledError) and error.stage == "thinker", error
+        assert f"no output for {stall_s:g} s" in str(error)
+        assert waited >= stall_s
+        held = await pipe.active_requests()  # asked of the worker and its stage
+        assert not [r for r in held["thinker"].engine_ids + held["thinker"].serving_ids
+                    if "/stalled/" in r], held["thinker"]
+        status = pipe.health().stages["thinker"]
+        assert status.pid == pid and status.restarts == 0 and status.state == StageState.READY
+        events = await collect(pipe, turn("after-stall", 3))
+        assert isinstance(events[-1], TurnDone), events[-1]
 
 
 async def test_second_client_shares_the_worker(pipeline: Pipeline) -> None:

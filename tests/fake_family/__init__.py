@@ -5,7 +5,9 @@ these stages do cheap, predictable work with the real pool and real worker proce
 Settings (per stage, from the profile) steer failures: `fail_start` (reason), `engine_child`
 (spawn a long-lived child process, as a vLLM engine does), `hold_blocks` (pool blocks kept
 while running), `start_delay_s` (a slow start), `token_s` (delay per output).
-A Thinker message containing "HANG" blocks the worker's event loop (a hung worker).
+A Thinker message containing "HANG" blocks the worker's event loop (a hung worker); one
+containing "STALL" takes the request and never answers it until it is aborted (a stuck engine,
+in a worker that still heartbeats).
 """
 
 from __future__ import annotations
@@ -93,6 +95,14 @@ class FakeThinker(_FakeStage):
     async def stream(self, job: Job) -> AsyncIterator[Output]:
         if any("HANG" in m["content"] for m in job.messages):
             time.sleep(3600)  # blocks the event loop on purpose: heartbeats stop
+        if any("STALL" in m["content"] for m in job.messages):
+            aborted = self.active[job.request_id] = asyncio.Event()
+            try:
+                await aborted.wait()  # held as an engine holds a request, never answered
+            finally:
+                del self.active[job.request_id]
+            yield ThinkerOutput(job.request_id, finished=True, finish_reason="abort")
+            return
         if job.audio is not None:
             samples = self.pool.view(job.audio)
             yield ThinkerOutput(job.request_id, transcript=f"<{len(samples)} samples>")
