@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
@@ -101,9 +102,12 @@ class StageClient:
 
     def __init__(self, stage: str, endpoint: str, pool: BlockPool, *, queue_size: int = 1024,
                  abort_timeout_s: float = 1.0, connect_timeout_s: float = 10.0,
-                 stall_timeout_s: float = 30.0) -> None:
+                 stall_timeout_s: float = 30.0,
+                 on_stuck: Callable[[str, str], None] | None = None) -> None:
         self.stage, self.endpoint, self.pool = stage, endpoint, pool
         self.queue_size, self.stall_timeout_s = queue_size, stall_timeout_s
+        self.on_stuck = on_stuck  # (stage, reason): the worker answers nothing at all
+        self._last_output = time.monotonic()  # of any request: the stage's engine progressed
         self.abort_timeout_s, self.connect_timeout_s = abort_timeout_s, connect_timeout_s
         self._inboxes: dict[str, _Inbox] = {}
         self._acks: dict[int, asyncio.Future[Any]] = {}
@@ -175,6 +179,11 @@ class StageClient:
             pass
         logger.error("stage %s: request %s stalled: no output for %g s; aborting it",
                      self.stage, rid, self.stall_timeout_s)
+        silent_s = time.monotonic() - self._last_output
+        if silent_s >= self.stall_timeout_s and self.on_stuck is not None:
+            # Not one request of the stage got an output meanwhile: not a slow request, but
+            # a stuck engine, which only a new worker mends.
+            self.on_stuck(self.stage, f"no output for any request for {silent_s:.0f} s (stuck)")
         try:
             await self.abort([rid])
             aborted = "the request was aborted"
@@ -293,6 +302,7 @@ class StageClient:
                 del self._inboxes[msg.request_id]
                 inbox.end(RequestFailedError(self.stage, f"{msg.error}: {msg.message}"))
             return
+        self._last_output = time.monotonic()
         if inbox is None:  # a late output of an aborted request: give its tensors back
             self._discard([msg])
             return

@@ -84,7 +84,8 @@ class Pipeline:
             client = StageClient(spec.stage, spec.endpoint, self.pool, queue_size=s.request_queue,
                                  abort_timeout_s=s.abort_timeout_s,
                                  connect_timeout_s=s.connect_timeout_s,
-                                 stall_timeout_s=s.stall_timeout_s)
+                                 stall_timeout_s=s.stall_timeout_s,
+                                 on_stuck=self._on_stage_stuck)
             client.connect()
             self._clients[spec.stage] = client
         self._supervisor = Supervisor(specs, s.restart, f"ipc://{self._dir}/control.sock",
@@ -188,6 +189,10 @@ class Pipeline:
         its worker could not be started `max_attempts` times in a row and will not be retried,
         so every turn fails from then on. The agent uses it to tell its live calls."""
         self._failure_listeners.append(listener)
+
+    def _on_stage_stuck(self, stage: str, reason: str) -> None:
+        if self._supervisor is not None:
+            self._supervisor.replace(stage, reason)
 
     def _on_stage_lost(self, stage: str, reason: str) -> None:
         self._clients[stage].fail_pending(reason)

@@ -2,8 +2,9 @@
 
 Each stage has one slot and one watcher task. A watcher spawns its worker (`spawn` context),
 waits for `Ready` (or `StartFailed`, an exit, or the start timeout), then watches the running
-worker through its process sentinel and its heartbeats. When a worker dies, hangs or says it is
-`Broken` (alive, but its engine died): its in-flight requests are failed (`on_lost`), its whole
+worker through its process sentinel and its heartbeats. When a worker dies, hangs, says it is
+`Broken` (alive, but its engine died) or is found stuck by its clients (`replace`: no output
+for any request for the stall timeout): its in-flight requests are failed (`on_lost`), its whole
 process group is killed (no orphaned engine processes), its pool blocks are reclaimed, and
 after a back-off a new one is started.
 Consecutive failed starts past `max_attempts` mark the stage failed, with the reason, and
@@ -71,7 +72,7 @@ class _Slot:
         self.exited: asyncio.Future[None] | None = None  # of the current process
         self.started: asyncio.Future[Ready | StartFailed] | None = None
         self.last_beat = 0.0
-        self.broken: str | None = None  # the running worker's stage can serve no more: why
+        self.broken: str | None = None  # the running worker can serve no more: why
         self.settled = asyncio.Event()  # ready or failed: start() waits for this
 
     def update(self, **changes: object) -> None:
@@ -121,6 +122,12 @@ class Supervisor:
         if self._control is not None:
             self._control.close()
         atexit.unregister(self._kill_all)
+
+    def replace(self, stage: str, reason: str) -> None:
+        """Replace the stage's running worker, which lives but cannot serve (as `Broken`)."""
+        slot = self._slots[stage]
+        if slot.status.state == StageState.READY and slot.broken is None:
+            slot.broken = reason
 
     async def _watch(self, slot: _Slot) -> None:
         """Keep one stage's worker running, restarting it with back-off."""

@@ -48,7 +48,8 @@ def test_32_calls_for_two_minutes(tiny_models_dir: Path, tmp_path: Path) -> None
     plan = Plan(url="", concurrency=CALLS, speech=utterance_wavs(UTTERANCES, tmp_path),
                 turns=None, duration_s=DURATION_S, pause_s=8.0, barge_in_every=4,
                 reply_tokens=16, turn_timeout_s=90.0, connect_timeout_s=90.0)
-    with ServerProcess("tiny", models_dir=tiny_models_dir, max_calls=CALLS) as server:
+    log = tmp_path / "server.log"  # kept by pytest: what the server said, when this fails
+    with ServerProcess("tiny", models_dir=tiny_models_dir, max_calls=CALLS, log_path=log) as server:
         with ServerWatch(server.url, server.pid, interval_s=1.0) as watch:
             run = run_level(replace(plan, url=server.url), workers=2, watch=watch,
                             progress=False)
@@ -72,7 +73,7 @@ def test_32_calls_for_two_minutes(tiny_models_dir: Path, tmp_path: Path) -> None
 
     assert level["calls_connected"] == CALLS, level["refusals"]
     assert level["calls_dropped"] == 0
-    assert level["error_events"] == 0, level["errors"]
+    assert level["error_events"] == 0, (level["errors"], f"server log: {log}")
     assert "crashed" not in level, level["crashed"]
     # Every call was really talking: each had replies that started, completed and played out.
     per_call = {c["call"]: c["turns_ok"] for c in run.calls}

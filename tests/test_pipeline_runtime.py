@@ -183,34 +183,61 @@ async def test_hung_worker_is_killed_and_replaced(pipeline: Pipeline) -> None:
     assert isinstance((await collect(pipeline, turn("after-hang", 5)))[-1], TurnDone)
 
 
-async def test_stalled_request_fails_its_turn_and_is_aborted_in_the_worker() -> None:
-    """A request the stage took and never answers (a stuck engine; its worker heartbeats on)
-    fails its turn after the stall timeout with StageStalledError and is aborted in the
-    worker, which keeps serving; a slow reply whose outputs come closer together than the
-    timeout completes however long it takes in all."""
-    stall_s = 2.0
-    slow = {"token_s": 0.5, "hold_blocks": KEPT_BLOCKS}  # 8 words: 4 s in all
-    async with Pipeline({**settings(thinker=slow), "stall_timeout_s": stall_s}) as pipe:
-        pid = pipe.health().stages["thinker"].pid
-        events = await collect(pipe, turn("slow", 8))
-        assert isinstance(events[-1], TurnDone), events[-1]
-        assert events[-1].usage["elapsed_s"] > 2 * stall_s
-        began = time.monotonic()
-        async with asyncio.timeout(stall_s + 30):  # without a stall timeout: hung for good
-            events = await collect(pipe, turn("stalled", 8, say="STALL now"))
-        waited = time.monotonic() - began
-        assert isinstance(events[-1], TurnFailed), events[-1]
-        error = events[-1].error
-        assert isinstance(error, StageStalledError) and error.stage == "thinker", error
-        assert f"no output for {stall_s:g} s" in str(error)
-        assert waited >= stall_s
-        held = await pipe.active_requests()  # asked of the worker and its stage
-        assert not [r for r in held["thinker"].engine_ids + held["thinker"].serving_ids
-                    if "/stalled/" in r], held["thinker"]
-        status = pipe.health().stages["thinker"]
-        assert status.pid == pid and status.restarts == 0 and status.state == StageState.READY
-        events = await collect(pipe, turn("after-stall", 3))
-        assert isinstance(events[-1], TurnDone), events[-1]
+STALL_S = 2.0  # the stall timeout of the `stalling` pipeline
+
+
+@pytest.fixture(scope="module")
+async def stalling() -> AsyncIterator[Pipeline]:
+    """A pipeline with a short stall timeout, whose Thinker writes a word every 0.5 s."""
+    slow = {"token_s": 0.5, "hold_blocks": KEPT_BLOCKS}
+    async with Pipeline({**settings(thinker=slow), "stall_timeout_s": STALL_S}) as pipe:
+        yield pipe
+
+
+async def collect_within(pipe: Pipeline, t: Turn, timeout_s: float) -> list:
+    async with asyncio.timeout(timeout_s):  # without a stall timeout: hung for good
+        return await collect(pipe, t)
+
+
+def assert_stalled(events: list, stage: str) -> None:
+    assert isinstance(events[-1], TurnFailed), events[-1]
+    error = events[-1].error
+    assert isinstance(error, StageStalledError) and error.stage == stage, error
+    assert f"no output for {STALL_S:g} s" in str(error) and "aborted" in str(error), error
+
+
+async def test_one_stalled_request_fails_its_turn_while_the_stage_serves_on(
+    stalling: Pipeline,
+) -> None:
+    """A request the stage took and never answers (its worker heartbeats on) fails its turn
+    after the stall timeout and is aborted in the worker. The stage answered other requests
+    meanwhile (a slow reply, whose words come closer together than the timeout, completes
+    however long it takes in all), so the worker is left serving."""
+    status = stalling.health().stages["thinker"]
+    slow = asyncio.create_task(collect_within(stalling, turn("slow", 12), 60))
+    await asyncio.sleep(0.3)
+    stalled = await collect_within(stalling, turn("stalled", 8, say="STALL now"), STALL_S + 30)
+    assert_stalled(stalled, "thinker")
+    held = await stalling.active_requests()  # asked of the worker and its stage
+    assert not [r for r in held["thinker"].engine_ids + held["thinker"].serving_ids
+                if "/stalled/" in r], held["thinker"]
+    events = await slow
+    assert isinstance(events[-1], TurnDone), events[-1]
+    assert events[-1].usage["elapsed_s"] > 2 * STALL_S
+    after = stalling.health().stages["thinker"]
+    assert after.pid == status.pid and after.restarts == status.restarts, after
+
+
+async def test_a_stage_that_answers_nothing_is_replaced(stalling: Pipeline) -> None:
+    """A stalled request while no request of the stage got any output: the engine is stuck,
+    not slow. The turn fails as a stall, the worker is replaced, the next turn is answered."""
+    status = stalling.health().stages["thinker"]
+    stalled = await collect_within(stalling, turn("stuck", 8, say="STALL now"), STALL_S + 30)
+    assert_stalled(stalled, "thinker")
+    await ready_again(stalling, "thinker", status.pid)
+    replaced = stalling.health().stages["thinker"]
+    assert replaced.restarts == status.restarts + 1, replaced
+    assert isinstance((await collect(stalling, turn("after-stuck", 3)))[-1], TurnDone)
 
 
 async def test_second_client_shares_the_worker(pipeline: Pipeline) -> None:
