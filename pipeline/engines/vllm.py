@@ -199,6 +199,11 @@ class VllmEngine:
         """Shut the engine and its processes down (off the event loop)."""
         llm, self._llm = self._llm, None
         if llm is not None:
+            # vLLM stops its engine core before its output task: that task, left running,
+            # would log the planned stop as an engine failure, traceback and all.
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
             await asyncio.to_thread(llm.shutdown)
         # Our reference goes now: vLLM's __del__ shuts down once more, and had better do it
         # here than at interpreter exit, when the modules it needs are already torn down.
