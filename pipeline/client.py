@@ -5,7 +5,9 @@
 they are gone from its engine; `inspect()` asks what the worker and its engine still hold;
 `release_tensors(transfers)` tells the worker its CUDA IPC exports are done with.
 Several client processes may connect to the same worker. A lost connection (the worker died)
-fails every request in flight with `StageFailedError`.
+fails every request in flight with `StageFailedError`; a request with no output for the stall
+timeout is aborted and fails with `StageStalledError` (and when no request of the stage got
+any output meanwhile, `on_stuck` asks for a new worker).
 """
 
 from __future__ import annotations
