@@ -118,6 +118,8 @@ class Call:
         try:
             await apply_offer(self.pc, offer_sdp)
             hold_inbound_audio(self.pc, self.settings.inbound_jitter_packets)
+            # The codec is asked for at the first frame, after negotiation: by then `sender`,
+            # bound on the next line, is the sender of this very track.
             encoded = EncodedAudioTrack(self.outbound, lambda: sent_codec(self.pc, sender))
             sender = self.pc.addTrack(encoded)
             answer = await create_answer(self.pc)
