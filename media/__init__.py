@@ -1,0 +1,1 @@
+"""WebRTC and audio of a call: SDP checks, peer setup, inbound decoding and VAD, paced outbound."""

@@ -13,13 +13,24 @@ from __future__ import annotations
 import fractions
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import av
 from aiortc import MediaStreamTrack, RTCRtpCodecParameters
 from aiortc.codecs import get_encoder
 from aiortc.codecs.base import Encoder
 
-FRAMES_PER_S = 50  # 20 ms packets
+from media.audio_format import FRAME_MS
+
+FRAMES_PER_S = 1000 // FRAME_MS  # one packet per frame
+
+
+class AudioFrameSource(Protocol):
+    """A track that yields decoded audio frames (the agent's OutboundAudioTrack)."""
+
+    async def recv(self) -> av.AudioFrame: ...
+
+    def stop(self) -> None: ...
 
 
 class EncodedAudioTrack(MediaStreamTrack):
@@ -28,7 +39,7 @@ class EncodedAudioTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self, source: MediaStreamTrack,
+    def __init__(self, source: AudioFrameSource,
                  codec: Callable[[], RTCRtpCodecParameters | None]) -> None:
         super().__init__()
         self.source = source
@@ -43,7 +54,7 @@ class EncodedAudioTrack(MediaStreamTrack):
         """aiortc's encoder in use (None before the first frame)."""
         return self._encoder
 
-    async def recv(self) -> av.Packet:  # type: ignore[override]  # aiortc's senders take both
+    async def recv(self) -> av.Packet:
         """The next packet: the source's next frame, encoded (paced by the source)."""
         while not self._ready:
             self._encode(await self.source.recv())

@@ -7,7 +7,6 @@ oldest frames when a caller sends faster than they can be consumed.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
@@ -16,10 +15,11 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
+from media.aiortc_internals import remote_track_queue
+from media.audio_format import FRAME_SAMPLES, SAMPLE_RATE
+
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
-FRAME_SAMPLES = 320  # 20 ms at 16 kHz, the VAD's frame
 # Decoded frames allowed to wait in the track's queue (5 s of 20 ms packets, about 1 MiB at
 # 48 kHz stereo): a caller sending faster than real time, or a stalled loop, costs this much
 # memory at most; beyond it the oldest half is dropped.
@@ -32,6 +32,9 @@ class InboundAudio:
 
     def __init__(self, track: MediaStreamTrack, on_frame: Callable[[np.ndarray], None]) -> None:
         self._track = track
+        # aiortc's queue for a remote track (None for other tracks: nothing to bound), looked
+        # up here so an aiortc without it fails the call's setup, not its draining.
+        self._backlog = remote_track_queue(track)
         self._on_frame = on_frame
         self._resampler: av.AudioResampler | None = None
         self._source: tuple[str, str, int] | None = None  # (format, layout, rate) of the input
@@ -65,6 +68,8 @@ class InboundAudio:
             self._frames_in += 1
             self._drop_backlog()
             try:
+                if not isinstance(frame, av.AudioFrame):  # an audio track yields only these
+                    raise TypeError(f"an audio track gave a {type(frame).__name__}")
                 self._emit(self._resample(frame))
             except Exception:  # one bad frame must not stop the draining
                 logger.exception("inbound audio frame %d could not be converted", self._frames_in)
@@ -73,10 +78,9 @@ class InboundAudio:
                      self._frames_in, self._frames_out)
 
     def _drop_backlog(self) -> None:
-        """Bound the frames aiortc holds for this track (its queue is unbounded and private;
-        without one there is nothing to bound)."""
-        queue = getattr(self._track, "_queue", None)
-        if not isinstance(queue, asyncio.Queue) or queue.qsize() <= MAX_BACKLOG_FRAMES:
+        """Bound the frames aiortc holds for this track (its queue has no bound of its own)."""
+        queue = self._backlog
+        if queue is None or queue.qsize() <= MAX_BACKLOG_FRAMES:
             return
         dropped = 0
         while queue.qsize() > MAX_BACKLOG_FRAMES // 2:

@@ -19,10 +19,11 @@ import numpy as np
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
+from media.audio_format import FRAME_MS
+
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 48_000
-FRAME_MS = 20
+SAMPLE_RATE = 48_000  # Opus's rate; G.711 calls are resampled to 8 kHz by aiortc's encoder
 FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 _FRAME_S = FRAME_MS / 1000

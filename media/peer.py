@@ -10,11 +10,17 @@ from aiortc import (
     RTCPeerConnection,
     RTCRtpCodecParameters,
     RTCRtpSender,
+    RTCSctpTransport,
     RTCSessionDescription,
 )
-from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcsctptransport import WEBRTC_BINARY, WEBRTC_STRING
 
+from media.aiortc_internals import (
+    DataChannelReceive,
+    negotiated_codecs,
+    replace_jitter_buffer,
+    wrap_data_channel_receive,
+)
 from media.sdp import AUDIO_CODECS, without_mdns_candidates
 
 log = logging.getLogger(__name__)
@@ -49,10 +55,10 @@ async def apply_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
 
 def sent_codec(pc: RTCPeerConnection, sender: RTCRtpSender) -> RTCRtpCodecParameters | None:
     """The codec `sender` sends with, once negotiated (aiortc's sender takes the first of its
-    transceiver's negotiated codecs; aiortc 1.16 keeps them in a private list)."""
+    transceiver's negotiated codecs); None before negotiation."""
     for transceiver in pc.getTransceivers():
         if transceiver.sender is sender:
-            codecs = getattr(transceiver, "_codecs", None)
+            codecs = negotiated_codecs(transceiver)
             return codecs[0] if codecs else None
     return None
 
@@ -69,17 +75,14 @@ def hold_inbound_audio(pc: RTCPeerConnection, packets: int) -> None:
     if not 1 <= packets <= JITTER_CAPACITY:
         raise ValueError(f"inbound audio packets held must be 1..{JITTER_CAPACITY}, got {packets}")
     for transceiver in pc.getTransceivers():
-        receiver = transceiver.receiver
-        if transceiver.kind != "audio" or not hasattr(receiver, _JITTER_ATTRIBUTE):
-            continue
-        setattr(receiver, _JITTER_ATTRIBUTE, JitterBuffer(JITTER_CAPACITY, prefetch=packets))
+        if transceiver.kind == "audio":
+            replace_jitter_buffer(transceiver.receiver, JITTER_CAPACITY, prefetch=packets)
 
 
 JITTER_CAPACITY = 16  # aiortc's own for audio: 320 ms of 20 ms packets
-_JITTER_ATTRIBUTE = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private name
 
 
-def guard_data_channel_receive(sctp: object) -> None:
+def guard_data_channel_receive(sctp: RTCSctpTransport) -> None:
     """Keep one bad data-channel message from ending the call.
 
     aiortc decodes text messages as strict UTF-8 (and parses channel-open messages) inside its
@@ -88,8 +91,10 @@ def guard_data_channel_receive(sctp: object) -> None:
     binary instead (the call's own parsing answers it with an error event), and a message that
     still makes aiortc raise is logged and dropped.
     """
-    receive = sctp._data_channel_receive  # type: ignore[attr-defined]
+    wrap_data_channel_receive(sctp, _guarded)
 
+
+def _guarded(receive: DataChannelReceive) -> DataChannelReceive:
     async def guarded(stream_id: int, pp_id: int, data: bytes) -> None:
         if pp_id == WEBRTC_STRING:
             try:
@@ -101,7 +106,7 @@ def guard_data_channel_receive(sctp: object) -> None:
         except Exception:
             log.warning("dropped a data-channel message aiortc could not take", exc_info=True)
 
-    sctp._data_channel_receive = guarded  # type: ignore[attr-defined]
+    return guarded
 
 
 async def create_answer(pc: RTCPeerConnection) -> str:

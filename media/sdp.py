@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from aiortc.sdp import SessionDescription
 
@@ -16,16 +15,8 @@ class SdpError(ValueError):
     """An offer we cannot answer; the message says why in words a caller can act on."""
 
 
-@dataclass(frozen=True)
-class OfferSummary:
-    """What the signalling layer needs to know about a valid offer."""
-
-    audio_codecs: tuple[str, ...]  # codecs offered for audio that we accept, offer order
-    has_datachannel: bool
-
-
-def check_offer(sdp: str) -> OfferSummary:
-    """Parse an offer and refuse what cannot become an audio call."""
+def check_offer(sdp: str) -> None:
+    """Parse an offer and refuse what cannot become an audio call (SdpError says why)."""
     if not sdp.lstrip().startswith("v=0"):
         raise SdpError("not an SDP offer: it must start with 'v=0'")
     try:
@@ -35,9 +26,7 @@ def check_offer(sdp: str) -> OfferSummary:
     audio = [m for m in parsed.media if m.kind == "audio"]
     if not audio:
         raise SdpError("the offer has no audio m-line")
-    offered = [c.name for m in audio for c in m.rtp.codecs]
-    accepted = tuple(dict.fromkeys(c for c in offered if c in AUDIO_CODECS))
-    if not accepted:
+    if not any(c.name in AUDIO_CODECS for m in audio for c in m.rtp.codecs):
         raise SdpError(f"no supported audio codec offered (want one of {', '.join(AUDIO_CODECS)})")
     for m in parsed.media:
         ice, dtls = m.ice, m.dtls
@@ -45,10 +34,6 @@ def check_offer(sdp: str) -> OfferSummary:
             raise SdpError(f"m-line '{m.kind}' has no ICE credentials (a=ice-ufrag/a=ice-pwd)")
         if dtls is None or not dtls.fingerprints:
             raise SdpError(f"m-line '{m.kind}' has no DTLS fingerprint")
-    return OfferSummary(
-        audio_codecs=accepted,
-        has_datachannel=any(m.kind == "application" for m in parsed.media),
-    )
 
 
 def without_mdns_candidates(sdp: str) -> str:

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import webrtcvad
+from pydantic import Field
+from pydantic.dataclasses import dataclass as validated_dataclass
+
+from media.audio_format import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
-
-SAMPLE_RATE = 16_000
-FRAME_MS = 20
-FRAME_SAMPLES = 320
 
 # webrtcvad reports its first frames and a hangover of several frames after every burst as
 # speech, even when the audio is digital silence. A frame whose AC energy is below this RMS
@@ -29,24 +29,30 @@ FRAME_SAMPLES = 320
 MIN_VOICED_RMS = 10.0
 
 
-@dataclass(frozen=True)
+# A pydantic dataclass rather than a BaseModel: it validates on construction and on
+# dataclasses.replace() alike, and a settings model can take it as a field type.
+@validated_dataclass(frozen=True)
 class VadConfig:
-    """Settings of a `VadSegmenter`; durations are in ms and rounded up to whole frames."""
+    """Settings of a `VadSegmenter`; durations are in ms and rounded up to whole 20 ms frames.
 
-    aggressiveness: int = 2
-    onset_ms: int = 60
-    silence_ms: int = 500
-    preroll_ms: int = 300
-    max_utterance_ms: int = 30_000
+    Invalid values raise pydantic's ValidationError, a ValueError. The upper bounds keep one
+    call's buffers bounded (pre-roll ring, utterance) and refuse values no caller means.
+    """
 
-    def __post_init__(self) -> None:
-        if self.aggressiveness not in (0, 1, 2, 3):
-            raise ValueError(f"aggressiveness must be 0..3, got {self.aggressiveness}")
-        for name in ("onset_ms", "silence_ms", "preroll_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_utterance_ms < FRAME_MS:
-            raise ValueError(f"max_utterance_ms must be >= {FRAME_MS}, got {self.max_utterance_ms}")
+    aggressiveness: int = Field(
+        2, ge=0, le=3,
+        description="webrtcvad mode: 0 counts the most frames as speech, 3 the fewest")
+    onset_ms: int = Field(
+        60, ge=0, le=2_000,
+        description="speech must persist this long to start an utterance (0: one frame)")
+    silence_ms: int = Field(
+        500, ge=0, le=10_000,
+        description="silence that ends an utterance (0: the first unvoiced frame)")
+    preroll_ms: int = Field(
+        300, ge=0, le=5_000, description="audio kept from before the onset")
+    max_utterance_ms: int = Field(
+        30_000, ge=FRAME_MS, le=120_000,
+        description="an utterance is cut here; the caller's speech goes on as the next one")
 
 
 @dataclass(frozen=True)

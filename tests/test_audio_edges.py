@@ -13,8 +13,8 @@ import av
 import numpy as np
 import pytest
 
-from agent.config import Settings, VadSettings
-from media.vad import SAMPLE_RATE
+from agent.config import Settings
+from media.audio_format import SAMPLE_RATE
 from tests.audio_fixtures import monologue_wav, read_wav, speech_bounds, speech_wav
 from tests.media_servers import call_of, responder_of, tone_server
 from tests.product_calls import wait_until
@@ -120,7 +120,7 @@ async def test_a_caller_who_never_stops_is_cut_at_the_utterance_cap(
     monologue: np.ndarray, tmp_path: Path
 ) -> None:
     cap_ms = 2_000
-    settings = Settings(data_dir=tmp_path, vad=VadSettings(max_utterance_ms=cap_ms))
+    settings = Settings(data_dir=tmp_path, vad={"max_utterance_ms": cap_ms})
     start_ms, end_ms = speech_bounds(monologue, RATE)
     assert end_ms - start_ms > 3 * cap_ms
     async with tone_server(settings) as served:

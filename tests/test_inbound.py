@@ -14,7 +14,8 @@ from aiortc.contrib.media import MediaPlayer
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
 
-from media.inbound import FRAME_SAMPLES, InboundAudio
+from media.audio_format import FRAME_SAMPLES
+from media.inbound import InboundAudio
 from tests.audio_fixtures import read_wav, speech_wav
 
 TEXT = "Testing the inbound audio path, one two three."

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 
+from media.audio_format import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, SAMPLES_PER_MS
 from media.vad import (
-    FRAME_MS,
-    FRAME_SAMPLES,
-    SAMPLE_RATE,
     SpeechStarted,
     SpeechStopped,
     VadConfig,
@@ -20,7 +19,6 @@ from media.vad import (
 from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
 
 TOLERANCE_MS = 150
-SAMPLES_PER_MS = SAMPLE_RATE // 1000
 
 
 class Speech:
@@ -212,13 +210,25 @@ def test_wrong_frame_is_rejected(bad: object) -> None:
     assert vad.position_ms == 0
 
 
-def test_config_is_validated() -> None:
-    with pytest.raises(ValueError):
-        VadConfig(aggressiveness=4)
-    with pytest.raises(ValueError):
-        VadConfig(silence_ms=-1)
-    with pytest.raises(ValueError):
-        VadConfig(max_utterance_ms=0)
+@pytest.mark.parametrize("bad", [
+    {"aggressiveness": 4}, {"aggressiveness": -1}, {"onset_ms": 2_001}, {"silence_ms": -1},
+    {"silence_ms": 10_001}, {"preroll_ms": 5_001}, {"max_utterance_ms": FRAME_MS - 1},
+    {"max_utterance_ms": 120_001}, {"onset_ms": 2.5},
+])
+def test_config_out_of_bounds_is_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        VadConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        dataclasses.replace(VadConfig(), **bad)  # a session update's path
+
+
+def test_config_takes_the_bounds_and_settings_text() -> None:
+    edges = VadConfig(aggressiveness=0, onset_ms=0, silence_ms=0, preroll_ms=0,
+                      max_utterance_ms=FRAME_MS)
+    assert (edges.onset_ms, edges.max_utterance_ms) == (0, FRAME_MS)
+    assert VadConfig(max_utterance_ms="5000").max_utterance_ms == 5000  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        edges.silence_ms = 100  # type: ignore[misc]
 
 
 def test_voiced_ms_measures_speech_in_progress(speech: Speech) -> None:

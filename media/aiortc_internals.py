@@ -1,0 +1,193 @@
+"""The one module that reaches into aiortc's private attributes; each reach is checked and
+raises `AiortcInternalsError`, naming the attribute and the aiortc version, when it is gone.
+
+aiortc has no public way to do these things; each private is listed with why it is used and
+what upstream offers or could offer instead:
+
+- `RTCRtpTransceiver._codecs` (list of RTCRtpCodecParameters): the codecs negotiated for a
+  transceiver; the sender sends with the first. Used to encode the agent's audio in the event
+  loop with the same codec (media/encoded_audio.py). W3C's `RTCRtpSender.getParameters()`
+  would answer this; aiortc does not implement it (the answer SDP says the same, but parsing
+  it back means trusting the order aiortc writes it in).
+- `RTCRtpReceiver.__jitter_buffer` (a JitterBuffer; mangled `_RTCRtpReceiver__jitter_buffer`):
+  replaced to hold fewer packets before decoding than aiortc's 4 (each packet held delays the
+  end of a turn and barge-in detection by 20 ms). aiortc has no setting for the receiver's
+  jitter buffer capacity or prefetch; an upstream option (say on RTCRtpReceiver or
+  RTCConfiguration) would be welcome and would retire this.
+- `RTCSctpTransport._data_channel_receive` (a coroutine method): wrapped so one data-channel
+  message aiortc cannot decode (text that is not UTF-8) does not tear down the whole call from
+  inside aiortc's receive loop. Upstream would need to catch decode errors per message (or
+  deliver undecodable text as bytes); there is no hook for it today.
+- `RTCSctpTransport._data_channel_queue`, `_outbound_queue`, `_sent_queue` (deques): whether a
+  data channel still holds messages not yet acknowledged by the peer, so a call can wait for
+  its last event before hanging up. `RTCDataChannel.bufferedAmount` alone drops to zero once a
+  message is handed to SCTP, before it is sent or acknowledged; upstream would need an
+  "all acknowledged" event or count.
+- `RemoteStreamTrack._queue` (an asyncio.Queue of decoded frames, None at the end): aiortc
+  queues decoded remote frames without limit; reading its size bounds a caller's backlog.
+  Upstream could bound the queue (a maxsize, dropping the oldest) or expose its length.
+- `RTCRtpReceiver._handle_rtp_packet` (a coroutine method): wrapped to note when each RTP
+  packet arrives, before the jitter buffer holds it (load measurements only). aiortc offers
+  no per-packet event on a receiver.
+- `RTCSctpTransport._data_channel_queue`, `_data_channel_flush()` and
+  `RTCDataChannel._addBufferedAmount()`: tests send text messages that are not UTF-8, which
+  `RTCDataChannel.send` (rightly) cannot produce, by queuing them the way it queues a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import aiortc
+from aiortc import (
+    MediaStreamTrack,
+    RTCDataChannel,
+    RTCRtpCodecParameters,
+    RTCRtpReceiver,
+    RTCRtpTransceiver,
+    RTCSctpTransport,
+)
+from aiortc.jitterbuffer import JitterBuffer
+from aiortc.rtcrtpreceiver import RemoteStreamTrack
+from aiortc.rtp import RtpPacket
+
+AIORTC_VERSION: str = aiortc.__version__
+
+# aiortc's receive of one data-channel message: (stream id, payload protocol id, data).
+DataChannelReceive = Callable[[int, int, bytes], Coroutine[Any, Any, None]]
+
+_T = TypeVar("_T")
+_ABSENT = object()
+_JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"  # Python's mangling of `self.__jitter_buffer`
+# Methods replaced on one instance, by name: the instance attribute shadows the class's method.
+_DATA_CHANNEL_RECEIVE = "_data_channel_receive"
+_HANDLE_RTP_PACKET = "_handle_rtp_packet"
+
+
+class AiortcInternalsError(RuntimeError):
+    """aiortc lacks (or changed the type of) a private attribute omnivox relies on: an aiortc
+    upgrade moved it, and media/aiortc_internals.py needs to follow."""
+
+
+def _shown(owner: str, name: str) -> str:
+    """`Owner.name` as aiortc's source spells it (`__x`, not its mangled `_Owner__x`)."""
+    mangled = f"_{owner}__"
+    if name.startswith(mangled):
+        return f"{owner}.__{name.removeprefix(mangled)} ({name})"
+    return f"{owner}.{name}"
+
+
+def _missing(owner: str, name: str, why: str) -> AiortcInternalsError:
+    return AiortcInternalsError(
+        f"aiortc {AIORTC_VERSION} has no {_shown(owner, name)} ({why}); "
+        "media/aiortc_internals.py must follow the upgrade")
+
+
+def _private(obj: object, owner: str, name: str, expected: type[_T], why: str) -> _T:
+    """`obj`'s private attribute `name` (as Python spells it), checked to be an `expected`."""
+    value = getattr(obj, name, _ABSENT)
+    if value is _ABSENT:
+        raise _missing(owner, name, why)
+    if not isinstance(value, expected):
+        raise AiortcInternalsError(
+            f"aiortc {AIORTC_VERSION}'s {_shown(owner, name)} is a {type(value).__name__}, "
+            f"not a {expected.__name__} ({why})")
+    return value
+
+
+def _method(obj: object, owner: str, name: str, why: str) -> Callable[..., Any]:
+    method = getattr(obj, name, _ABSENT)
+    if method is _ABSENT:
+        raise _missing(owner, name, why)
+    if not callable(method):
+        raise AiortcInternalsError(
+            f"aiortc {AIORTC_VERSION}'s {_shown(owner, name)} is not a method ({why})")
+    return method
+
+
+def _coroutine_method(
+    obj: object, owner: str, name: str, why: str
+) -> Callable[..., Coroutine[Any, Any, Any]]:
+    method = _method(obj, owner, name, why)
+    if not inspect.iscoroutinefunction(method):
+        raise AiortcInternalsError(
+            f"aiortc {AIORTC_VERSION}'s {_shown(owner, name)} is not a coroutine method ({why})")
+    return method
+
+
+def negotiated_codecs(transceiver: RTCRtpTransceiver) -> list[RTCRtpCodecParameters]:
+    """The codecs negotiated for `transceiver`, the one its sender uses first (empty before
+    negotiation)."""
+    return _private(transceiver, "RTCRtpTransceiver", "_codecs", list,
+                    "the negotiated codecs, which the sender takes the first of")
+
+
+def jitter_buffer(receiver: RTCRtpReceiver) -> JitterBuffer:
+    """The jitter buffer `receiver` holds incoming packets in before decoding."""
+    return _private(receiver, "RTCRtpReceiver", _JITTER_BUFFER, JitterBuffer,
+                    "the receiver's jitter buffer, replaced to hold fewer packets")
+
+
+def replace_jitter_buffer(receiver: RTCRtpReceiver, capacity: int, prefetch: int) -> None:
+    """Give `receiver` a jitter buffer of `capacity` packets that holds `prefetch` of them
+    before releasing one (replace it before the first packet arrives)."""
+    jitter_buffer(receiver)  # loud if the attribute moved: setting it would go unnoticed
+    setattr(receiver, _JITTER_BUFFER, JitterBuffer(capacity, prefetch=prefetch))
+
+
+def wrap_data_channel_receive(
+    sctp: RTCSctpTransport, wrap: Callable[[DataChannelReceive], DataChannelReceive]
+) -> None:
+    """Route every data-channel message `sctp` receives through `wrap(aiortc's receive)`."""
+    receive = _coroutine_method(sctp, "RTCSctpTransport", _DATA_CHANNEL_RECEIVE,
+                                "where every data-channel message is decoded")
+    setattr(sctp, _DATA_CHANNEL_RECEIVE, wrap(receive))
+
+
+def data_channel_backlog(channel: RTCDataChannel) -> bool:
+    """Whether `channel`'s SCTP transport still holds data queued, in flight or not yet
+    acknowledged by the peer."""
+    sctp = channel.transport
+    why = "data not yet acknowledged by the peer"
+    # All three looked up every time, so a moved one is an error whatever the others hold.
+    queues = [_private(sctp, "RTCSctpTransport", name, deque, why)
+              for name in ("_data_channel_queue", "_outbound_queue", "_sent_queue")]
+    return bool(channel.bufferedAmount) or any(queues)
+
+
+def remote_track_queue(track: MediaStreamTrack) -> asyncio.Queue[Any] | None:
+    """The queue of decoded frames aiortc keeps for a remote track (None ends the track);
+    None for a track that is not aiortc's remote track, which has no such queue."""
+    if not isinstance(track, RemoteStreamTrack):
+        return None
+    return _private(track, "RemoteStreamTrack", "_queue", asyncio.Queue,
+                    "the unbounded queue of decoded frames")
+
+
+def watch_rtp_packets(receiver: RTCRtpReceiver, on_packet: Callable[[RtpPacket], None]) -> None:
+    """Call `on_packet` with every RTP packet `receiver` gets, before its jitter buffer."""
+    handle = _coroutine_method(receiver, "RTCRtpReceiver", _HANDLE_RTP_PACKET,
+                               "where each RTP packet enters the receiver")
+
+    async def watched(packet: RtpPacket, arrival_time_ms: int) -> None:
+        on_packet(packet)
+        await handle(packet, arrival_time_ms)
+
+    setattr(receiver, _HANDLE_RTP_PACKET, watched)
+
+
+async def send_unchecked(channel: RTCDataChannel, pp_id: int, data: bytes) -> None:
+    """Send `data` on `channel` labelled with SCTP payload protocol `pp_id` as it is (tests:
+    a text message that is not UTF-8)."""
+    sctp = channel.transport
+    why = "a raw message queued as RTCSctpTransport._data_channel_send queues one"
+    queue = _private(sctp, "RTCSctpTransport", "_data_channel_queue", deque, why)
+    flush = _coroutine_method(sctp, "RTCSctpTransport", "_data_channel_flush", why)
+    # Counted in as send() counts it: the flush counts it out again.
+    _method(channel, "RTCDataChannel", "_addBufferedAmount", why)(len(data))
+    queue.append((channel, pp_id, data))
+    await flush()

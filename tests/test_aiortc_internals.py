@@ -1,0 +1,201 @@
+"""The aiortc privates media/aiortc_internals.py reaches, checked on two real, connected aiortc
+peers; an aiortc upgrade that moves one fails here with AiortcInternalsError naming it (its
+module docstring says why each is used and what upstream could offer instead)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import aiortc
+import pytest
+from aiortc import (
+    AudioStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCPeerConnection,
+    RTCRtpCodecParameters,
+    RTCRtpTransceiver,
+    RTCSessionDescription,
+)
+from aiortc.jitterbuffer import JitterBuffer
+from aiortc.rtcrtpreceiver import RemoteStreamTrack
+from aiortc.rtcsctptransport import WEBRTC_STRING
+from aiortc.rtp import RtpPacket
+
+from media.aiortc_internals import (
+    AiortcInternalsError,
+    data_channel_backlog,
+    jitter_buffer,
+    negotiated_codecs,
+    remote_track_queue,
+    send_unchecked,
+    watch_rtp_packets,
+)
+from media.inbound import InboundAudio
+from media.outbound import OutboundAudioTrack
+from media.peer import (
+    JITTER_CAPACITY,
+    apply_offer,
+    create_answer,
+    guard_data_channel_receive,
+    hold_inbound_audio,
+    new_peer_connection,
+    sent_codec,
+)
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class Pair:
+    """A caller sending audio and holding a data channel, and the server's side of the call,
+    set up as media/peer.py sets up a real call."""
+
+    caller: RTCPeerConnection
+    channel: RTCDataChannel
+    server: RTCPeerConnection
+    received: list[str | bytes] = field(default_factory=list)
+    packets: list[RtpPacket] = field(default_factory=list)
+
+    @property
+    def audio(self) -> RTCRtpTransceiver:
+        return next(t for t in self.server.getTransceivers() if t.kind == "audio")
+
+
+@pytest.fixture(scope="module")
+async def pair() -> AsyncIterator[Pair]:
+    caller = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    caller.addTrack(AudioStreamTrack())  # aiortc's silence, paced in real time
+    pair = Pair(caller, caller.createDataChannel("oai-events"), new_peer_connection([]))
+    pair.server.on("datachannel", lambda ch: ch.on("message", pair.received.append))
+    await caller.setLocalDescription(await caller.createOffer())
+    await apply_offer(pair.server, caller.localDescription.sdp)
+    hold_inbound_audio(pair.server, 2)
+    watch_rtp_packets(pair.audio.receiver, pair.packets.append)
+    answer = await create_answer(pair.server)
+    await caller.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+    await wait_until(lambda: pair.channel.readyState == "open", 20, "the data channel")
+    yield pair
+    await caller.close()
+    await pair.server.close()
+
+
+async def test_negotiated_codecs_are_what_the_sender_sends(pair: Pair) -> None:
+    codecs = negotiated_codecs(pair.audio)
+    assert codecs and all(isinstance(c, RTCRtpCodecParameters) for c in codecs)
+    assert codecs[0].mimeType == "audio/opus"
+    assert sent_codec(pair.server, pair.audio.sender) is codecs[0]
+
+
+async def test_the_receiver_holds_the_jitter_buffer_it_was_given(pair: Pair) -> None:
+    buffer = jitter_buffer(pair.audio.receiver)
+    assert isinstance(buffer, JitterBuffer) and buffer.capacity == JITTER_CAPACITY
+    hold_inbound_audio(pair.server, 3)
+    assert jitter_buffer(pair.audio.receiver) is not buffer
+
+
+async def test_every_rtp_packet_is_seen_and_the_remote_track_queues_its_frames(
+    pair: Pair,
+) -> None:
+    track = pair.audio.receiver.track
+    assert isinstance(track, RemoteStreamTrack)
+    queue = remote_track_queue(track)
+    assert isinstance(queue, asyncio.Queue)
+    await wait_until(lambda: len(pair.packets) >= 10, 20, "ten RTP packets")
+    assert all(isinstance(p, RtpPacket) for p in pair.packets)
+    await wait_until(lambda: queue.qsize() > 0, 20, "a decoded frame, unread")
+    assert remote_track_queue(OutboundAudioTrack()) is None  # not aiortc's: nothing to bound
+
+
+async def test_text_that_is_not_utf8_arrives_as_bytes_and_the_call_goes_on(pair: Pair) -> None:
+    await send_unchecked(pair.channel, WEBRTC_STRING, b"\xff\xfe not utf-8")
+    pair.channel.send("after it")
+    await wait_until(lambda: "after it" in pair.received, 20, "the message after it")
+    assert b"\xff\xfe not utf-8" in pair.received
+    assert pair.server.connectionState == "connected"
+    # Counted in and out like any message sent.
+    await wait_until(lambda: pair.channel.bufferedAmount == 0, 20, "bufferedAmount back to 0")
+
+
+async def test_backlog_lasts_until_the_peer_has_everything(pair: Pair) -> None:
+    await wait_until(lambda: not data_channel_backlog(pair.channel), 30, "earlier messages")
+    pair.channel.send(b"x" * 200_000)
+    assert data_channel_backlog(pair.channel)
+    await wait_until(lambda: not data_channel_backlog(pair.channel), 30, "the backlog to clear")
+    assert len(pair.received[-1]) == 200_000
+
+
+# -- a private that moved is an error naming it ---------------------------------------------
+
+
+def _fresh() -> tuple[RTCPeerConnection, RTCRtpTransceiver]:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    return pc, pc.addTransceiver("audio")
+
+
+def _without_codecs() -> None:
+    _, transceiver = _fresh()
+    del transceiver._codecs
+    negotiated_codecs(transceiver)
+
+
+def _codecs_of_another_type() -> None:
+    _, transceiver = _fresh()
+    transceiver._codecs = ()  # type: ignore[assignment]
+    negotiated_codecs(transceiver)
+
+
+def _without_jitter_buffer() -> None:
+    pc, transceiver = _fresh()
+    del transceiver.receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
+    hold_inbound_audio(pc, 1)
+
+
+def _without_sent_queue() -> None:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    channel = pc.createDataChannel("oai-events")
+    del channel.transport._sent_queue
+    data_channel_backlog(channel)
+
+
+def _receive_not_a_coroutine() -> None:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    sctp = pc.createDataChannel("oai-events").transport
+    sctp._data_channel_receive = lambda *args: None  # type: ignore[method-assign]
+    guard_data_channel_receive(sctp)
+
+
+def _without_receive() -> None:
+    guard_data_channel_receive(object())  # type: ignore[arg-type]
+
+
+def _track_without_queue() -> None:
+    track = RemoteStreamTrack(kind="audio")
+    del track._queue
+    InboundAudio(track, lambda frame: None)
+
+
+@pytest.mark.parametrize(("breaks", "named"), [
+    (_without_codecs, "has no RTCRtpTransceiver._codecs"),
+    (_codecs_of_another_type, "RTCRtpTransceiver._codecs is a tuple, not a list"),
+    (_without_jitter_buffer, "has no RTCRtpReceiver.__jitter_buffer"),
+    (_without_sent_queue, "has no RTCSctpTransport._sent_queue"),
+    (_receive_not_a_coroutine, "RTCSctpTransport._data_channel_receive is not a coroutine"),
+    (_without_receive, "has no RTCSctpTransport._data_channel_receive"),
+    (_track_without_queue, "has no RemoteStreamTrack._queue"),
+])
+def test_a_moved_private_is_named_with_the_aiortc_version(
+    breaks: Callable[[], None], named: str
+) -> None:
+    with pytest.raises(AiortcInternalsError) as raised:
+        breaks()
+    assert named in str(raised.value)
+    assert f"aiortc {aiortc.__version__}" in str(raised.value)
