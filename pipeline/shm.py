@@ -2,16 +2,16 @@
 
 The owner (the supervisor, in the API process) creates one POSIX shared-memory segment at start:
 a header every process reads and writes (per block: state, owner tag, generation), then the data
-blocks. Others attach by name. A writer copies a tensor into a free block and sends only a
-`BlockRef` on the control channel; the reader maps a zero-copy view and releases the block when
-done. A full pool is back-pressure (a wait, then `PoolExhaustedError`), never a copy or a new
+blocks. Others attach by name. A writer leases a free block and computes the tensor straight
+into it (`lease`; `write`/`put` copy in a tensor it already has), then sends only a `BlockRef`
+on the control channel; the reader maps a zero-copy view and releases the block after its last
+read. A full pool is back-pressure (a wait, then `PoolExhaustedError`), never a copy or a new
 allocation."""
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
-import functools
 import logging
 import math
 import os
@@ -27,8 +27,20 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
+from pipeline.shm_dtypes import (
+    array_at,
+    describe,
+    is_torch_tensor,
+    itemsize,
+    numpy_dtype,
+    tensor_at,
+    torch_module,
+)
+
 if TYPE_CHECKING:
     import torch
+
+    from pipeline.shm_lease import BlockLease
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +54,6 @@ _ALIGN = 64  # every block starts on a cache line, which also aligns any dtype
 _INLINE_COPY_MAX = 1 << 20  # async put() copies larger tensors in a thread, off the event loop
 _POLL_MIN_S, _POLL_MAX_S = 0.0001, 0.005  # back-off while waiting for a free block
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-_NUMPY_KINDS = "biufc"  # bool, signed, unsigned, float, complex
 _TRACKER_PATCH = threading.Lock()
 
 
@@ -87,58 +98,6 @@ def _path(name: str) -> str:
     if not _NAME_RE.fullmatch(name):  # a plain file name in SHM_DIR
         raise ValueError(f"pool name {name!r}: use 1-200 of [A-Za-z0-9_.-]")
     return os.path.join(SHM_DIR, name)
-
-
-def _torch() -> Any:
-    import torch  # lazy: processes that never touch tensors never pay for the import
-    return torch
-
-
-def _is_torch_tensor(obj: object) -> bool:
-    torch = sys.modules.get("torch")  # a torch tensor cannot exist unless torch is imported
-    return torch is not None and isinstance(obj, torch.Tensor)
-
-
-def _describe(array: np.ndarray | np.generic | torch.Tensor) -> tuple[int, str, tuple[int, ...]]:
-    """The byte size, dtype name and shape a BlockRef records for `array`."""
-    if _is_torch_tensor(array):
-        return array.nbytes, str(array.dtype).removeprefix("torch."), tuple(array.shape)
-    if not isinstance(array, np.ndarray | np.generic):
-        raise TypeError(f"expected a numpy array or a torch tensor, got {type(array).__name__}")
-    if array.dtype.kind not in _NUMPY_KINDS:
-        raise TypeError(f"dtype {array.dtype} cannot travel in a block (numeric dtypes only)")
-    return array.nbytes, _dtype_name(array.dtype), tuple(array.shape)
-
-
-@functools.lru_cache(maxsize=64)
-def _dtype_name(dtype: np.dtype) -> str:
-    return dtype.name  # computed in Python by numpy, slowly: cached
-
-
-@functools.lru_cache(maxsize=64)
-def _numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype a BlockRef's dtype name stands for (numeric, canonical names only)."""
-    try:
-        dtype = np.dtype(name)
-    except TypeError:
-        raise TypeError(f"dtype {name!r} has no numpy equivalent; use view_torch") from None
-    if dtype.kind not in _NUMPY_KINDS or dtype.name != name:
-        raise TypeError(f"dtype {name!r} cannot travel in a block (numeric dtypes only)")
-    return dtype
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    if not isinstance(dtype := getattr(_torch(), name, None), _torch().dtype):
-        raise TypeError(f"unknown dtype {name!r}")
-    return dtype
-
-
-@functools.lru_cache(maxsize=64)
-def _itemsize(dtype: str) -> int:
-    try:
-        return _numpy_dtype(dtype).itemsize
-    except TypeError:  # torch-only dtypes (bfloat16, float8): reading them needs torch anyway
-        return _torch_dtype(dtype).itemsize
 
 
 class BlockPool:
@@ -238,7 +197,7 @@ class BlockPool:
 
     def ref(self, block: int, dtype: str, shape: tuple[int, ...]) -> BlockRef:
         """A ref to a block this handle acquired, to write a tensor in place through view()."""
-        nbytes = _itemsize(dtype) * math.prod(shape)
+        nbytes = itemsize(dtype) * math.prod(shape)
         self._check_fits(nbytes, dtype, shape)
         with self._lock:
             if not (0 <= block < self.block_count and self._state[block] == _HELD
@@ -247,15 +206,26 @@ class BlockPool:
             generation = int(self._gen[block])
         return BlockRef(block, generation, dtype, tuple(map(int, shape)), nbytes)
 
+    async def lease(self, shape: tuple[int, ...], dtype: str, timeout: float) -> BlockLease:
+        """A block acquired (waiting up to `timeout`) for a `dtype` tensor of `shape` that the
+        caller writes in place: the zero-copy way to produce a tensor another process reads."""
+        self._check_fits(itemsize(dtype) * math.prod(shape), dtype, shape)
+        return self._lease(await self.acquire(timeout), dtype, shape)
+
+    def lease_blocking(self, shape: tuple[int, ...], dtype: str, timeout: float) -> BlockLease:
+        """As `lease`, sleeping while it waits: for worker threads only."""
+        self._check_fits(itemsize(dtype) * math.prod(shape), dtype, shape)
+        return self._lease(self.acquire_blocking(timeout), dtype, shape)
+
     def write(self, array: np.ndarray | torch.Tensor, timeout: float) -> BlockRef:
         """Acquire a block (waiting up to `timeout`) and copy `array` in: for worker threads."""
-        nbytes, dtype, shape = _describe(array)
+        nbytes, dtype, shape = describe(array)
         self._check_fits(nbytes, dtype, shape)
         return self._fill(self.acquire_blocking(timeout), array, dtype, shape)
 
     async def put(self, array: np.ndarray | torch.Tensor, timeout: float) -> BlockRef:
         """Acquire a block (waiting up to `timeout`) and copy `array` in, off the loop if large."""
-        nbytes, dtype, shape = _describe(array)
+        nbytes, dtype, shape = describe(array)
         self._check_fits(nbytes, dtype, shape)
         block = await self.acquire(timeout)
         if nbytes <= _INLINE_COPY_MAX:
@@ -269,9 +239,9 @@ class BlockPool:
 
     def view(self, ref: BlockRef) -> np.ndarray:
         """A zero-copy numpy view of the tensor in `ref`'s block; this owner now holds it."""
-        dtype = _numpy_dtype(ref.dtype)
+        numpy_dtype(ref.dtype)  # a torch-only dtype fails before the block changes hands
         self._open(ref)
-        return np.ndarray(ref.shape, dtype, self._buf, self._offset(ref.block))
+        return array_at(self._buf, self._offset(ref.block), ref.dtype, ref.shape)
 
     def view_torch(self, ref: BlockRef) -> torch.Tensor:
         """A zero-copy CPU torch view of the tensor in `ref`'s block; this owner now holds it."""
@@ -283,6 +253,24 @@ class BlockPool:
         with self._lock:
             self._check_current(ref, "release")
             self._free(ref.block)
+
+    def release_unless_taken(self, ref: BlockRef | None) -> bool:
+        """Release a block this handle wrote for a reader, unless the reader has taken it over
+        (viewed it: it releases the block itself after its last read) or it is gone already.
+        The sender's way to end a job: it never frees a block under a reader still reading."""
+        if ref is None or not 0 <= ref.block < self.block_count:
+            return False
+        with self._lock:
+            if (self._state[ref.block] != _HELD or self._gen[ref.block] != ref.generation
+                    or self._owner[ref.block] != self.owner):
+                return False
+            self._free(ref.block)
+        return True
+
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether `array` is memory of this pool's blocks (a view into it, not a copy)."""
+        segment = np.ndarray((len(self._buf),), np.uint8, self._buf)
+        return bool(np.shares_memory(array, segment[self._data_offset:]))
 
     def reclaim(self, owner: int) -> int:
         """Free every block held under `owner` (a dead worker's tag); how many were freed.
@@ -312,15 +300,20 @@ class BlockPool:
             raise RuntimeError(f"pool {self.name!r} was attached here: only its creator unlinks")
         self._shm.unlink()
 
+    def _lease(self, block: int, dtype: str, shape: tuple[int, ...]) -> BlockLease:
+        from pipeline.shm_lease import BlockLease  # here: that module builds on this one
+
+        return BlockLease(self, self.ref(block, dtype, shape))  # checked before the acquire
+
     def _fill(self, block: int, array: Any, dtype: str, shape: tuple[int, ...]) -> BlockRef:
         """Copy `array` (numpy, or torch on any device) into an acquired block; its ref."""
         ref = self.ref(block, dtype, shape)
         try:
-            if _is_torch_tensor(array):
-                with _torch().no_grad():  # device->host (if any) straight into the block
+            if is_torch_tensor(array):
+                with torch_module().no_grad():  # device->host (if any) straight into the block
                     self._tensor(ref).copy_(array)
             else:  # "equiv": the source's byte order may differ
-                dest = np.ndarray(shape, _numpy_dtype(dtype), self._buf, self._offset(block))
+                dest = array_at(self._buf, self._offset(block), dtype, shape)
                 np.copyto(dest, array, casting="equiv")
         except BaseException:
             self.release(ref)  # the block never left this handle: give it back
@@ -329,9 +322,7 @@ class BlockPool:
 
     def _tensor(self, ref: BlockRef) -> torch.Tensor:
         """The block as a torch tensor, through bytes: torch has dtypes numpy lacks (bfloat16)."""
-        dtype = _torch_dtype(ref.dtype)
-        raw = np.ndarray((ref.nbytes,), np.uint8, self._buf, self._offset(ref.block))
-        return _torch().from_numpy(raw).view(dtype).view(ref.shape)
+        return tensor_at(self._buf, self._offset(ref.block), ref.dtype, ref.shape, ref.nbytes)
 
     def _free(self, blocks: int | np.ndarray) -> None:
         """Mark blocks free (lock held); generation first, so a death midway revives no ref."""
@@ -342,7 +333,7 @@ class BlockPool:
     def _open(self, ref: BlockRef) -> None:
         """Check that `ref` is current and make this handle's owner the block's holder."""
         self._check_fits(ref.nbytes, ref.dtype, ref.shape)
-        if _itemsize(ref.dtype) * math.prod(ref.shape) != ref.nbytes:
+        if itemsize(ref.dtype) * math.prod(ref.shape) != ref.nbytes:
             raise ValueError(f"{ref}: nbytes does not match dtype and shape")
         with self._lock:
             self._check_current(ref, "view")

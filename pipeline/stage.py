@@ -9,7 +9,8 @@ or as `CudaIpcRef`s when a stage sends a CUDA tensor to another stage on CUDA (c
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -17,10 +18,12 @@ import msgspec
 import numpy as np
 
 from pipeline.cuda_ipc import CudaIpcImports, CudaIpcRef, TensorRef, TensorSender
-from pipeline.shm import BlockPool, BlockRef
+from pipeline.shm import BlockPool, BlockRef, StaleBlockError
 
 if TYPE_CHECKING:
     import torch
+
+    from pipeline.shm_lease import BlockLease
 
 POOL_TIMEOUT_S = 5.0  # how long a stage waits for a free pool block before failing the job
 # CUDA IPC exports a stage keeps for their consumers at most (then it waits, as for a block).
@@ -136,10 +139,19 @@ class StageContext:
         return float(self.settings.get("pool_timeout_s", POOL_TIMEOUT_S))
 
     def take(self, ref: BlockRef) -> np.ndarray:
-        """A copy of a block's array, and the block released: how a stage consumes a block."""
+        """A copy of a block's array, and the block released: for data that must outlive the
+        block (kept past the job); to read it in place, use `read_tensors`."""
         array = self.pool.view(ref).copy()
         self.pool.release(ref)
         return array
+
+    async def acquire_tensor(self, shape: Sequence[int], dtype: str = "float32") -> BlockLease:
+        """A pool block for a `dtype` tensor of `shape` that the stage computes straight into
+        (`lease.array`, or `lease.tensor()`, as the `out=` of the computation's last step),
+        then puts in an output with `lease.send()`: the product's zero-copy path. Waits up to
+        `pool_timeout_s` for room. Use it as a context manager, so that a failed write gives
+        the block back; the rules of `send_tensor` for the sent ref hold."""
+        return await self.pool.lease(tuple(shape), dtype, self.pool_timeout_s)
 
     async def send_tensor(self, tensor: np.ndarray | torch.Tensor) -> TensorRef:
         """The ref to put in an output for a tensor another stage reads: a CUDA IPC export of
@@ -173,6 +185,30 @@ class StageContext:
                  else torch.from_numpy(self.take(ref)) for ref in refs]
         device = next(part.device for part in parts if part.is_cuda)
         return torch.cat([part.to(device) for part in parts])
+
+    @contextlib.contextmanager
+    def read_tensors(self, refs: Sequence[TensorRef]) -> Iterator[np.ndarray | torch.Tensor]:
+        """A job's tensor pieces joined along dim 0, read in place; each given back on exit.
+
+        One block is a view of it (no copy); several are joined, the join being the one copy.
+        Every block is released when the `with` body ends, after the last read: nothing made
+        in the body may keep pointing into the block (build a new tensor from the view, as a
+        projection does). CUDA IPC pieces are taken as in `take_tensors`.
+        """
+        if not refs:
+            raise ValueError("no tensor pieces to take")
+        if not all(isinstance(ref, BlockRef) for ref in refs):
+            yield self.take_tensors(refs)
+            return
+        views: list[np.ndarray] = []
+        try:
+            views.extend(self.pool.view(ref) for ref in refs)  # each now held by this stage
+            yield views[0] if len(views) == 1 else np.concatenate(views)
+        finally:
+            views.clear()  # no view of ours outlives its block
+            for ref in refs:
+                with contextlib.suppress(StaleBlockError):  # never viewed: its sender's
+                    self.pool.release(ref)
 
     def receive_job(self, job: Job) -> None:
         """Map the job's CUDA IPC pieces now, as it arrives (the worker's runtime calls this)."""

@@ -4,11 +4,13 @@ With overlap on, the three stage loops run at once: the Talker voices chunk k wh
 writes chunk k+1, and the VoiceBox renders group j while the Talker generates group j+1. With
 overlap off they run one after the other (for benchmarks). Every model request has its own id
 `call/turn/stage/chunk` and is tracked until it ends, so `cancel()` can abort exactly those.
-Blocks received from a worker are copied out and released at once; blocks this turn writes
-for a job are released when that job's request ends. CUDA IPC exports received from the
-Thinker cannot be read here: the turn keeps them and passes them on in the Talker job of their
-chunk; when that job ends in any way, it tells the Thinker's worker to free them
-(`ReleaseTensors`), and when the turn ends it does the same for those it never passed on.
+A block received from a worker is read once, into the turn's own array (the copy its data
+needs: see `_take`), and released at once; a block this turn writes for a job is the job's
+worker's once it reads it, and released by this turn when the job ends only if it never was.
+CUDA IPC exports received from the Thinker cannot be read here: the turn keeps them and passes
+them on in the Talker job of their chunk; when that job ends in any way, it tells the Thinker's
+worker to free them (`ReleaseTensors`), and when the turn ends it does the same for those it
+never passed on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from pipeline.cascade import Chunk, ClauseChunker, Piece
-from pipeline.client import StageClient, release_quietly
+from pipeline.client import StageClient
 from pipeline.cuda_ipc import CudaIpcRef, TensorRef
 from pipeline.errors import PipelineError, StageFailedError
 from pipeline.events import AudioChunk, Event, TextDelta, Transcript, Turn, TurnDone, TurnFailed
@@ -191,7 +193,7 @@ class TurnRun:
             if chunk := chunker.flush():
                 await chunks.put(chunk)
         finally:
-            release_quietly(self.pool, audio)
+            self.pool.release_unless_taken(audio)  # the Thinker releases it once it read it
             chunks.close()
 
     async def _talk(self, chunks: Channel[Chunk], groups: Channel[Group]) -> None:
@@ -224,10 +226,11 @@ class TurnRun:
                                 spoken.extend(out.tokens)
                                 await groups.put(Group(chunk, index, list(out.tokens)))
                                 index += 1
-                finally:  # the job has ended, whichever way: its tensors are free to go
+                finally:  # the job has ended, whichever way: its tensors are free to go,
+                    # but a block the Talker took is its to release after its last read
                     for piece in pieces:
                         if isinstance(piece, BlockRef):
-                            release_quietly(self.pool, piece)
+                            self.pool.release_unless_taken(piece)
                     self._give_back(exports, delivered=bool(sent))
             self._usage["speech_tokens"] = len(spoken)
         finally:
@@ -296,7 +299,14 @@ class TurnRun:
             client.release_tensors(transfers, delivered)
 
     def _take(self, stage: str, ref: BlockRef | None) -> np.ndarray | None:
-        """Copy a worker's block out and release it at once (no block outlives this call)."""
+        """A worker's block read once, into an array of this turn, and released at once.
+
+        That copy is the one the data needs, its only one in this process: VoiceBox PCM goes
+        on in an AudioChunk to the call's outbound queue, which holds it while it plays
+        (seconds: its int16 conversion and resampling read this array), and Thinker embedding
+        rows wait in the chunker for their chunk's cut. Holding the blocks instead would tie
+        the pool to the caller's playback and give a Thinker writing ahead a block per delta.
+        """
         if ref is None:
             return None
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from pipeline.families.build_support import read_manifest
 from pipeline.families.tiny import TinyTalker, TinyThinker, TinyVoiceBox, build_tiny
@@ -111,6 +112,7 @@ async def test_thinker_streams_max_tokens_with_embeddings(
         tokens += out.token_ids
         if out.token_ids:
             embeds = pool.view(out.embeds)
+            assert pool.holds(embeds), "looked up straight into the block it travels in"
             assert embeds.shape == (len(out.token_ids), 128) and embeds.dtype == np.float32
             np.testing.assert_array_equal(embeds, thinker.prompts.embed(out.token_ids))
             pool.release(out.embeds)
@@ -195,7 +197,9 @@ async def test_voicebox_renders_and_batches(voicebox: TinyVoiceBox, pool: BlockP
     async def render(job: VoiceBoxJob) -> np.ndarray:
         (out,) = [out async for out in voicebox.stream(job)]
         assert out.finished and out.sample_rate == 24_000
-        pcm = pool.view(out.pcm).copy()
+        view = pool.view(out.pcm)
+        assert pool.holds(view), "the PCM arrives in the block it was rendered into"
+        pcm = view.copy()
         pool.release(out.pcm)
         return pcm
 
@@ -205,6 +209,12 @@ async def test_voicebox_renders_and_batches(voicebox: TinyVoiceBox, pool: BlockP
 
     assert voicebox.jobs_rendered - rendered == 2
     assert voicebox.forward_calls - calls == 1, "concurrent jobs share one forward"
+    batch = torch.zeros(2, 25, dtype=torch.long)  # the forward both jobs shared, padded
+    for row, job in enumerate(jobs):
+        batch[row, : len(job.tokens)] = torch.tensor(job.tokens)
+    reference = voicebox.decoder(batch).numpy()
+    for row, (job, pcm) in enumerate(zip(jobs, pcms, strict=True)):
+        np.testing.assert_allclose(pcm, reference[row, : len(job.tokens) * 480], atol=1e-6)
     for job, pcm in zip(jobs, pcms, strict=True):
         assert pcm.dtype == np.float32 and pcm.shape == (len(job.tokens) * 480,)
         rms = math.sqrt(float(np.mean(pcm**2)))

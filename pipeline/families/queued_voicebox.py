@@ -2,10 +2,13 @@
 
 A stream puts its job in a bounded queue (full: it waits, which is the back-pressure) and waits
 for the job's PCM; the stage's render task takes jobs from the queue and answers each with its
-PCM or an error. Aborting a request answers its waiting jobs with None: their streams end
-without PCM, and the render task skips them. Should the render task ever end, every waiting job
-fails and new ones are refused, so no stream hangs on it. Each family renders its own way: the
-tiny VoiceBox in micro-batches, the local one a job at a time.
+PCM or an error. A render task writes the PCM straight into a pool block it leased
+(`ctx.acquire_tensor`) and answers with the block's ref (a job answered with an array has it
+copied into a block); a rendered block whose job nobody waits for any more is released.
+Aborting a request answers its waiting jobs with None: their streams end without PCM, and the
+render task skips them. Should the render task ever end, every waiting job fails and new ones
+are refused, so no stream hangs on it. Each family renders its own way: the tiny VoiceBox in
+micro-batches, the local one a job at a time.
 """
 
 from __future__ import annotations
@@ -13,16 +16,22 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.shm import BlockRef
 from pipeline.stage import Stage, StageContext, VoiceBoxJob, VoiceBoxOutput
 
 logger = logging.getLogger(__name__)
 
 MAX_QUEUED = 256
+Rendered = BlockRef | np.ndarray  # PCM written into a pool block, or an array to copy into one
+
+
+def _keep(pcm: Rendered) -> None:
+    """An array nobody reads needs no giving back."""
 
 
 @dataclass(eq=False)
@@ -30,7 +39,8 @@ class QueuedJob:
     """A queued VoiceBox job and the future its PCM arrives on (None: aborted)."""
 
     job: VoiceBoxJob
-    result: asyncio.Future[np.ndarray | None] = field(
+    discard: Callable[[Rendered], None] = _keep  # gives back PCM nobody will read
+    result: asyncio.Future[Rendered | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
 
     @property
@@ -38,10 +48,13 @@ class QueuedJob:
         """Whether the job is still unanswered (not rendered, failed, aborted or abandoned)."""
         return not self.result.done()
 
-    def deliver(self, pcm: np.ndarray) -> None:
-        """Answer the job with its PCM, unless it was answered (or abandoned) meanwhile."""
+    def deliver(self, pcm: Rendered) -> None:
+        """Answer the job with its PCM; if it was answered (or abandoned) meanwhile, the PCM
+        is discarded (a block goes back to the pool)."""
         if self.waiting:
             self.result.set_result(pcm)
+        else:
+            self.discard(pcm)
 
     def fail(self, error: BaseException) -> None:
         """Answer the job with an error, unless it was answered (or abandoned) meanwhile."""
@@ -52,17 +65,24 @@ class QueuedJob:
 class VoiceBoxJobs:
     """A VoiceBox stage's jobs: the bounded queue, and each request's jobs still in the stage."""
 
-    def __init__(self, max_queued: int) -> None:
+    def __init__(self, max_queued: int, discard: Callable[[Rendered], None] = _keep) -> None:
         self._queue: asyncio.Queue[QueuedJob] = asyncio.Queue(max_queued)
         self._by_request: dict[str, list[QueuedJob]] = {}
+        self._discard = discard
 
-    async def rendered(self, job: VoiceBoxJob) -> np.ndarray | None:
+    async def rendered(self, job: VoiceBoxJob) -> Rendered | None:
         """Queue the job and wait for its PCM: None when the job was aborted first."""
-        entry = QueuedJob(job)
+        entry = QueuedJob(job, self._discard)
         self._by_request.setdefault(job.request_id, []).append(entry)
         try:
             await self._queue.put(entry)  # full queue: the caller waits (back-pressure)
             return await entry.result
+        except BaseException:  # cancelled after the PCM came: nobody else will give it back
+            result = entry.result
+            if result.done() and not result.cancelled() and result.exception() is None \
+                    and result.result() is not None:
+                entry.discard(result.result())
+            raise
         finally:
             if entry.waiting:  # the caller went away: the render task skips the job
                 entry.result.cancel()
@@ -119,7 +139,7 @@ class QueuedVoiceBox(Stage):
         """Open the job queue and start the render task."""
         self.ctx = ctx
         self.sample_rate = sample_rate
-        self.jobs = VoiceBoxJobs(int(ctx.settings.get("max_queued", MAX_QUEUED)))
+        self.jobs = VoiceBoxJobs(int(ctx.settings.get("max_queued", MAX_QUEUED)), self._discard)
         self.render_task = asyncio.create_task(self._render_jobs(),
                                                name=f"voicebox-{self.task_label}")
         self.render_task.add_done_callback(self._render_task_ended)
@@ -140,7 +160,8 @@ class QueuedVoiceBox(Stage):
         if pcm is None:
             yield VoiceBoxOutput(job.request_id, finished=True)
             return
-        ref = await self.ctx.pool.put(pcm, self.ctx.pool_timeout_s)
+        ref = pcm if isinstance(pcm, BlockRef) else await self.ctx.pool.put(
+            pcm, self.ctx.pool_timeout_s)
         yield VoiceBoxOutput(job.request_id, pcm=ref, sample_rate=self.sample_rate,
                              finished=True)
 
@@ -155,6 +176,11 @@ class QueuedVoiceBox(Stage):
         self.render_task.cancel()
         await asyncio.gather(self.render_task, return_exceptions=True)
         self._close()
+
+    def _discard(self, pcm: Rendered) -> None:
+        """Give back a rendered block whose job nobody waits for any more."""
+        if isinstance(pcm, BlockRef):
+            self.ctx.pool.release(pcm)
 
     def _render_task_ended(self, task: asyncio.Task[None]) -> None:
         """Fail every waiting job if the render task ever ends: no stream may hang on it."""

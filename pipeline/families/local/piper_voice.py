@@ -52,6 +52,10 @@ class PiperVoice:
 
     def synthesize(self, ids: list[int]) -> np.ndarray:
         """The utterance's mono float32 PCM in [-1, 1] (blocking: run it off the event loop)."""
+        return self.finish(self.render(ids))
+
+    def render(self, ids: list[int]) -> np.ndarray:
+        """The model's flat output before its last step, the clip (blocking)."""
         if not ids:
             return np.zeros(0, dtype=np.float32)
         if min(ids) < 0 or max(ids) >= self.num_symbols:
@@ -62,5 +66,12 @@ class PiperVoice:
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),
             "scales": self.scales.as_input(),
         }
-        audio = self.session.run(None, inputs)[0]
-        return np.clip(audio.reshape(-1), -1.0, 1.0).astype(np.float32, copy=False)
+        return self.session.run(None, inputs)[0].reshape(-1)
+
+    @staticmethod
+    def finish(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The last step: `raw` clipped to [-1, 1] as float32, written into `out` if given (a
+        pool block's view, so the PCM is never copied after)."""
+        if out is None:
+            return np.clip(raw, -1.0, 1.0).astype(np.float32, copy=False)
+        return np.clip(raw, -1.0, 1.0, out=out)

@@ -3,7 +3,8 @@
 Each job is one vLLM request whose prompt_embeds are [speaker, projected text embeddings,
 the turn's audio context]. It speaks `tokens_per_char` speech tokens per character of text
 (bounded), handed on in groups: a small first group for a fast start, then `job.group`.
-This stage consumes `job.text_embeds` with `ctx.take_tensors`: blocks are released once read.
+This stage reads `job.text_embeds` in place (`ctx.read_tensors`): the projection reads the
+blocks' views, and the blocks are released once the prompt is built.
 """
 
 from __future__ import annotations
@@ -68,15 +69,16 @@ class TinyTalker(EngineStage):
                                        finish_reason=delta.finish_reason)
 
     def _prompt(self, job: TalkerJob, n_tokens: int) -> torch.Tensor:
-        """Read (and release) the text embeddings, then build the prompt; in the torch thread."""
+        """Build the prompt from the text embeddings read in place, then release their blocks
+        (the prompt is a new tensor: nothing of it points into them); in the torch thread."""
         if not job.text_embeds:
             raise ValueError(f"{job.request_id}: the tiny Talker speaks from text_embeds, "
                              f"and this job has none")
-        text = torch.as_tensor(self.ctx.take_tensors(job.text_embeds),
-                               device=self.prompts.projection_w.device)  # no copy on the CPU
-        room = self.engine.settings.max_model_len - 1 - len(text) - n_tokens
-        if room < 0:
-            raise ValueError(f"{job.request_id}: {len(text)} text embeddings plus {n_tokens} "
-                             f"speech tokens exceed max_model_len")
-        max_context = min(room, int(self.ctx.settings.get("max_context", MAX_CONTEXT)))
-        return self.prompts.build(text, job.context_tokens, job.voice, max_context)
+        with self.ctx.read_tensors(job.text_embeds) as embeds:
+            text = torch.as_tensor(embeds, device=self.prompts.projection_w.device)  # a view
+            room = self.engine.settings.max_model_len - 1 - len(text) - n_tokens
+            if room < 0:
+                raise ValueError(f"{job.request_id}: {len(text)} text embeddings plus "
+                                 f"{n_tokens} speech tokens exceed max_model_len")
+            max_context = min(room, int(self.ctx.settings.get("max_context", MAX_CONTEXT)))
+            return self.prompts.build(text, job.context_tokens, job.voice, max_context)

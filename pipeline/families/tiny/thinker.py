@@ -1,8 +1,9 @@
 """The tiny family's Thinker stage: a vLLM engine fed prompt embeddings, streaming text.
 
 Each job is one vLLM request whose prompt is the embedded chat history with the caller's audio
-spliced in. Every streamed delta carries its tokens' embeddings for the Talker, sent with
-`ctx.send_tensor`: a pool block for these CPU tensors (a CUDA IPC export were they on a GPU).
+spliced in. Every streamed delta carries its tokens' embeddings for the Talker, looked up
+straight into a pool block leased for them (`ctx.acquire_tensor`; a family whose embeddings are
+on a GPU would send them with `ctx.send_tensor`, as CUDA IPC exports).
 The weights are random, so by default EOS is ignored and a reply is exactly max_tokens long;
 a job with a response_format is guided to its JSON schema and stops when the JSON is complete.
 Block ownership: this stage releases `job.audio` once encoded; whoever consumes a
@@ -53,8 +54,11 @@ class TinyThinker(EngineStage):
             async for delta in deltas:
                 embeds = None
                 if delta.token_ids:
-                    vectors = self.prompts.embed(delta.token_ids)  # a few rows: microseconds
-                    embeds = await self.ctx.send_tensor(vectors)
+                    rows = (len(delta.token_ids), self.prompts.hidden)
+                    with await self.ctx.acquire_tensor(rows, "float32") as lease:
+                        # A few rows: microseconds, so on the loop, not the torch thread.
+                        self.prompts.embed_into(delta.token_ids, lease.tensor())
+                        embeds = lease.send()
                 yield ThinkerOutput(job.request_id, text=delta.text, token_ids=delta.token_ids,
                                     embeds=embeds, finished=delta.finished,
                                     finish_reason=delta.finish_reason)

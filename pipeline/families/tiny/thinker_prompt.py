@@ -61,6 +61,15 @@ class ThinkerPromptBuilder:
         """(len(token_ids), hidden) float32 embeddings of generated tokens."""
         return self.embed_table[torch.tensor(token_ids, dtype=torch.long)].numpy()
 
+    def embed_into(self, token_ids: list[int], out: torch.Tensor) -> None:
+        """`embed`, written into `out` (len(token_ids), hidden), e.g. a pool block's view."""
+        torch.index_select(self.embed_table, 0, torch.tensor(token_ids, dtype=torch.long),
+                           out=out)
+
+    @property
+    def hidden(self) -> int:
+        return int(self.embed_table.shape[1])
+
 
 def _plain(text: str) -> str:
     for token in SPECIAL_TOKENS:

@@ -59,12 +59,18 @@ class TinyVoiceDecoder(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.pre_tanh(tokens))
+
+    @torch.inference_mode()
+    def pre_tanh(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(batch, samples) before the last step, the tanh: a caller may run that step itself
+        with its own `out=` (the VoiceBox writes it straight into a pool block)."""
         x = self.embed(tokens).transpose(1, 2)  # (B, E, L)
         x = nn.functional.leaky_relu(self.pre(x), 0.1)
         for up in self.ups:
             x = nn.functional.leaky_relu(up(x), 0.1)
         x = nn.functional.conv1d(self.post(x), self.bandpass, padding=self.bandpass.shape[-1] // 2)
-        return torch.tanh(x).squeeze(1)
+        return x.squeeze(1)
 
 
 def _bandpass_kernel(config: VoiceDecoderConfig) -> torch.Tensor:

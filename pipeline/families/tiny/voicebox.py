@@ -1,21 +1,25 @@
 """The tiny family's VoiceBox stage: speech tokens to 24 kHz PCM, micro-batched across calls.
 
 Jobs from concurrent requests wait a few milliseconds in a bounded queue, then one batched
-forward renders them all (padded to the longest) in the stage's torch thread; each job's PCM
-(float32 mono) goes into a pool block. `forward_calls` and `jobs_rendered` count the batching.
+forward renders them all (padded to the longest) in the stage's torch thread; the last step (the
+tanh) writes each job's PCM (float32 mono) straight into the pool block leased for it, which is
+sent as it is. `forward_calls` and `jobs_rendered` count the batching.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import numpy as np
 import torch
 
-from pipeline.families.queued_voicebox import QueuedVoiceBox
+from pipeline.families.queued_voicebox import QueuedJob, QueuedVoiceBox
 from pipeline.families.tiny.stage_support import TorchThread, part_dir
 from pipeline.families.tiny.voice_decoder import load_voice_decoder
+from pipeline.shm import PoolExhaustedError
+from pipeline.shm_lease import BlockLease
 from pipeline.stage import StageContext
 
 logger = logging.getLogger(__name__)
@@ -46,28 +50,49 @@ class TinyVoiceBox(QueuedVoiceBox):
             live = [entry for entry in batch if entry.waiting]
             if not live:
                 continue
-            try:
-                pcms = await self.torch.run(self._render, [e.job.tokens for e in live])
-            except Exception as exc:  # one bad batch fails its jobs, not the stage
-                logger.exception("voicebox batch of %d jobs failed", len(live))
-                for entry in live:
-                    entry.fail(exc)
-                continue
-            for entry, pcm in zip(live, pcms, strict=True):
-                entry.deliver(pcm)
+            with contextlib.ExitStack() as held:  # blocks not sent go back on the way out
+                leased = await self._lease_each(live, held)
+                if not leased:
+                    continue
+                try:
+                    await self.torch.run(self._render, [e.job.tokens for e, _ in leased],
+                                         [lease.array for _, lease in leased])
+                except Exception as exc:  # one bad batch fails its jobs, not the stage
+                    logger.exception("voicebox batch of %d jobs failed", len(leased))
+                    for entry, _ in leased:
+                        entry.fail(exc)
+                    continue
+                for entry, lease in leased:
+                    entry.deliver(lease.send())
 
-    def _render(self, token_lists: list[list[int]]) -> list[np.ndarray]:
-        """One forward over the batch (in the torch thread); each job's PCM, trimmed."""
+    async def _lease_each(self, live: list[QueuedJob], held: contextlib.ExitStack
+                          ) -> list[tuple[QueuedJob, BlockLease]]:
+        """A block for each job's PCM; a job for which none comes free in time fails alone."""
+        step = self.decoder.config.samples_per_token
+        leased = []
+        for entry in live:
+            try:
+                lease = await self.ctx.acquire_tensor((len(entry.job.tokens) * step,))
+            except PoolExhaustedError as exc:
+                entry.fail(exc)
+                continue
+            leased.append((entry, held.enter_context(lease)))
+        return leased
+
+    def _render(self, token_lists: list[list[int]], outs: list[np.ndarray]) -> None:
+        """One forward over the batch (in the torch thread), its last step (the tanh) writing
+        each job's PCM, trimmed, into `outs` (the jobs' blocks)."""
         longest = max(1, *(len(tokens) for tokens in token_lists))
         batch = torch.zeros(len(token_lists), longest, dtype=torch.long)
         for row, tokens in enumerate(token_lists):
             batch[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        wave = self.decoder(batch.clamp_(0, self.decoder.config.n_codes - 1))
+        wave = self.decoder.pre_tanh(batch.clamp_(0, self.decoder.config.n_codes - 1))
+        step = self.decoder.config.samples_per_token
+        with torch.inference_mode():
+            for row, (tokens, out) in enumerate(zip(token_lists, outs, strict=True)):
+                torch.tanh(wave[row, : len(tokens) * step], out=torch.from_numpy(out))
         self.forward_calls += 1
         self.jobs_rendered += len(token_lists)
-        step = self.decoder.config.samples_per_token
-        return [wave[row, : len(tokens) * step].numpy().copy()
-                for row, tokens in enumerate(token_lists)]
 
     def _close(self) -> None:
         self.torch.close()
