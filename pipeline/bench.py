@@ -3,7 +3,9 @@
 - cascade_vs_sequential: time to the first AudioChunk of a long reply with the stages
   overlapping, and with each stage run to its end before the next (the median of `repeats`);
 - concurrency: turns completed per second with 1, 8, 32 turns started at once;
-- shm_vs_pickle: moving one tensor between processes through the pool versus pickling it.
+- shm_vs_pickle: moving one tensor between processes through the pool versus pickling it; the
+  headline (`shm_inplace_s`, `inplace_ratio`) is the product's own path: a leased block written
+  in place, its ref sent, the consumer reading a view (`bench_shm`).
 Figures are printed and returned; none is asserted (they depend on the machine).
 """
 
