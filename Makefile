@@ -57,11 +57,12 @@ run: setup
 models: setup
 	$(BIN)/omnivox models build $(PROFILE)
 
+# Style, then the architecture: the import contracts in pyproject.toml ([tool.importlinter]).
 lint: setup
 	$(BIN)/ruff check agent media pipeline tests
+	$(BIN)/lint-imports
 
-test: setup
-	$(BIN)/ruff check agent media pipeline tests
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

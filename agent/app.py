@@ -13,17 +13,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from agent import auth
-from agent.call import Call, HandlerFactory
-from agent.calls import CallRegistry
+from agent.api import auth
+from agent.api.records_route import router as records_router
+from agent.api.signalling import router as signalling_router
+from agent.calls.call import Call, HandlerFactory
+from agent.calls.registry import CallRegistry, announce_stage_failures
 from agent.config import Settings
-from agent.metrics import Metrics
-from agent.metrics import router as metrics_router
-from agent.readiness import Readiness, announce_stage_failures
-from agent.records import CallRecords
-from agent.records_api import router as records_router
-from agent.session import Session
-from agent.signalling import router as signalling_router
+from agent.ops.metrics import Metrics
+from agent.ops.metrics import router as metrics_router
+from agent.ops.readiness import Readiness
+from agent.ops.records import CallRecords
+from agent.realtime.session import Session
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent import logs
 from agent.config import Settings
+from agent.ops import logs
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,9 +129,9 @@ def pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from agent.api.auth import env_settings
     from agent.app import create_app
-    from agent.auth import env_settings
-    from agent.limits import env_limits
+    from agent.calls.limits import env_limits
     from agent.profiles import build_pipeline
 
     limits = env_limits(os.environ)  # OMNIVOX_MAX_CALL_S etc.; --max-calls wins over the env
@@ -162,7 +162,7 @@ def build_models(args: argparse.Namespace) -> int:
 
 
 def bench_pipeline(args: argparse.Namespace) -> int:
-    from agent.bench_report import print_pipeline_report, write_json
+    from agent.bench.report import print_pipeline_report, write_json
     from agent.profiles import pipeline_settings
     from pipeline.bench import run_bench
 
@@ -177,7 +177,7 @@ def bench_pipeline(args: argparse.Namespace) -> int:
 
 
 def bench_turn(args: argparse.Namespace) -> int:
-    from agent.bench_turn import run
+    from agent.bench.turn import run
 
     if args.turns < 1:
         raise SystemExit("omnivox bench turn: --turns must be at least 1")
@@ -186,7 +186,7 @@ def bench_turn(args: argparse.Namespace) -> int:
 
 
 def bench_calls(args: argparse.Namespace) -> int:
-    from agent.bench_calls import Options, run
+    from agent.bench.calls import Options, run
 
     turns = None if args.duration is not None else args.turns
     if turns is not None and turns < 1:

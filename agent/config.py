@@ -49,7 +49,7 @@ class Settings(BaseModel):
     profile: str = "local"
     data_dir: Path = Field(
         REPO_ROOT / "data",
-        description="call records (records.sqlite3, agent/records.py); created if missing",
+        description="call records (records.sqlite3, agent/ops/records.py); created if missing",
     )
     models_dir: Path = REPO_ROOT / "models"
     web_dir: Path = REPO_ROOT / "web"
@@ -58,7 +58,7 @@ class Settings(BaseModel):
     max_calls: int = Field(16, ge=1)
     max_sdp_bytes: int = 64 * 1024
     max_event_bytes: int = Field(64 * 1024, description="largest data-channel message accepted")
-    # Per-call limits (agent/call.py); a call that reaches one gets an `error` event naming it
+    # Per-call limits (agent/calls/call.py); a call that reaches one gets an `error` event naming it
     # and is hung up.
     max_events_per_s: float = Field(
         50.0, gt=0, description="data-channel messages a call may send per second, sustained"
@@ -78,7 +78,7 @@ class Settings(BaseModel):
     )
     vad: VadSettings = Field(default_factory=VadSettings)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
-    # Authentication (agent/auth.py). No API keys: local mode, every endpoint open. SecretStr
+    # Authentication (agent/api/auth.py). No API keys: local mode, every endpoint open. SecretStr
     # keeps the keys out of reprs and logs.
     api_keys: list[SecretStr] = Field(
         default_factory=list, description="Bearer keys for /v1 (OMNIVOX_API_KEYS, comma-separated)"

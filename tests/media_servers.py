@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 
 from agent.app import create_app
-from agent.call import Call
+from agent.calls.call import Call
 from agent.config import Settings
 from tests.responder import ToneResponder
 from tests.rtc_client import RtcCaller

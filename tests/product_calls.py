@@ -13,7 +13,7 @@ import numpy as np
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
-from agent.session import Session
+from agent.realtime.session import Session
 from pipeline.events import Turn
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.rtc_client import ArrayAudioTrack, RtcCaller

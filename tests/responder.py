@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agent.call import Call
+from agent.calls.call import Call
 from media.vad import SpeechStarted, SpeechStopped
 from tests.audio_fixtures import tone
 

@@ -18,8 +18,8 @@ from aiortc import RTCSessionDescription
 from openai.types.realtime import ClientSecretCreateResponse
 from pydantic import ValidationError
 
+from agent.api.auth import ClientSecrets, SecretStoreFullError, env_settings, is_loopback
 from agent.app import create_app
-from agent.auth import ClientSecrets, SecretStoreFullError, env_settings, is_loopback
 from agent.config import Settings
 from tests.media_servers import tone_server
 from tests.product_calls import LOUD, spoken, wait_until
@@ -403,9 +403,9 @@ def test_open_server_off_loopback_warns(
 
     def warnings(**settings) -> list[str]:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="agent.auth"):
+        with caplog.at_level(logging.WARNING, logger="agent.api.auth"):
             create_app(Settings(data_dir=tmp_path, **settings))
-        return [r.getMessage() for r in caplog.records if r.name == "agent.auth"]
+        return [r.getMessage() for r in caplog.records if r.name == "agent.api.auth"]
 
     warned = warnings(host="0.0.0.0")
     assert len(warned) == 1 and "OMNIVOX_API_KEYS" in warned[0] and "0.0.0.0" in warned[0]

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from agent.bench_server import histogram_quantile, parse_samples
-from agent.bench_speech import read_wav, utterance_wavs
+from agent.bench.server import histogram_quantile, parse_samples
+from agent.bench.speech import read_wav, utterance_wavs
 from agent.cli import parse_args, pipeline_overrides
 from agent.config import Settings
 from agent.profiles import pipeline_settings
@@ -36,7 +36,7 @@ def test_bench_calls_command(tiny_models_dir: Path, tmp_path: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "ttfa p50" in done.stdout and "target (issue 7" in done.stdout
+    assert "ttfa p50" in done.stdout and "target (tiny family)" in done.stdout
 
     result = json.loads(out.read_text())
     assert [level["concurrency"] for level in result["levels"]] == [1, 2]

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from agent.config import Settings
-from agent.events import client_event_models
+from agent.realtime.events import client_event_models
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.media_servers import responder_of, tone_server
 from tests.product_calls import wait_until

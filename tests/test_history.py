@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.history import Conversation, SpokenText
+from agent.realtime.history import Conversation, SpokenText
 
 REPLY = "Hello there, how are you today? I am fine."
 

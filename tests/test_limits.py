@@ -22,8 +22,8 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcrtpreceiver import RemoteStreamTrack
 from pydantic import ValidationError
 
+from agent.calls.limits import TokenBucket, env_limits
 from agent.config import Settings
-from agent.limits import TokenBucket, env_limits
 from media.inbound import MAX_BACKLOG_FRAMES, InboundAudio
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.media_servers import responder_of, server_process, tone_server

@@ -1,7 +1,7 @@
-"""Issue 6's load test: 32 concurrent calls from aiortc clients for two minutes on the tiny family.
+"""The load test: 32 concurrent calls from aiortc clients for two minutes on the tiny family.
 
 The server is `omnivox serve --profile tiny` in a process of its own (so the API process's RSS is
-its alone) and the callers are `omnivox bench calls`' load generator (agent/bench_calls.py) in
+its alone) and the callers are `omnivox bench calls`' load generator (agent/bench/calls.py) in
 two worker processes: each call speaks a short utterance, hears the reply out (every fourth one
 it talks over), pauses, and speaks again until two minutes have passed. Required: every call
 connected and none dropped, no `error` event, the API process's RSS at minute 2 within 10% of
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench_calls import Plan, run_level
-from agent.bench_calls_report import summarise
-from agent.bench_server import ServerProcess, ServerWatch
-from agent.bench_speech import utterance_wavs
+from agent.bench.calls import Plan, run_level
+from agent.bench.calls_report import summarise
+from agent.bench.server import ServerProcess, ServerWatch
+from agent.bench.speech import utterance_wavs
 
 pytestmark = pytest.mark.engines
 

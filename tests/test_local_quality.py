@@ -28,8 +28,8 @@ from aiortc.jitterbuffer import JitterFrame
 from agent.app import create_app
 from agent.config import Settings
 from agent.profiles import build_pipeline
-from agent.reply import Reply
-from agent.session import Session
+from agent.realtime.reply import Reply
+from agent.realtime.session import Session
 from pipeline.families.local.build import ASR_DIR, FAMILY, build_local
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from tests.audio_fixtures import read_wav, speech_wav

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import logs
 from agent.cli import parse_args
+from agent.ops import logs
 from tests.product_calls import connect, say, wait_until
 from tests.served import Served
 
@@ -173,7 +173,7 @@ async def test_a_calls_records_carry_its_call_and_turn(tiny_server: Served) -> N
     assert any("started" in m for m in messages) and any("ended" in m for m in messages), messages
     assert all(r["call_id"] == call_id for r in about_call), about_call
     # The call's own objects log only inside it (media's records name no call themselves).
-    own = ("agent.call", "agent.session", "media.")
+    own = ("agent.calls.call", "agent.realtime.session", "media.")
     assert all(r["call_id"] == call_id for r in records if r["logger"].startswith(own)), records
     turn_id = f"{call_id}-turn1"
     first_audio = [r for r in about_call if "first audio" in r["message"]]

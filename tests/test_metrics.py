@@ -14,7 +14,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 from prometheus_client.parser import text_string_to_metric_families
 
-import agent.call
+import agent.calls.call
 from agent.app import create_app
 from agent.config import Settings
 from tests.product_calls import connect, long_replies, say, spoken, wait_until
@@ -155,7 +155,7 @@ async def test_refused_calls_are_counted(one_call_server: Served) -> None:
 async def test_a_call_that_never_connects_is_counted_dropped(
     one_call_server: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent.call, "CONNECT_TIMEOUT_S", 1.0)  # the watchdog's 30 s, shortened
+    monkeypatch.setattr(agent.calls.call, "CONNECT_TIMEOUT_S", 1.0)  # the watchdog: 30 s
     url = one_call_server.url
     before = await scrape(url)
     async with httpx.AsyncClient(base_url=url, timeout=15) as http:

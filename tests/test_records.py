@@ -21,8 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from agent.history import Conversation
-from agent.records import (
+from agent.ops.records import (
     DB_NAME,
     SCHEMA_VERSION,
     CallRecords,
@@ -30,7 +29,8 @@ from agent.records import (
     TurnRecord,
     turn_record,
 )
-from agent.reply import Reply
+from agent.realtime.history import Conversation
+from agent.realtime.reply import Reply
 from tests.product_calls import (
     connect,
     long_replies,
@@ -134,7 +134,7 @@ async def test_a_stalled_database_fills_the_bounded_queue_then_drops(
         assert store.add_turn(a_turn("rtc_s", 0, started_at=0.0))
         # The writer took that record and now waits on the lock: the queue is empty again.
         await wait_until(lambda: store._queue.qsize() == 0, 10, "the writer to take a record")
-        with caplog.at_level(logging.ERROR, logger="agent.records"):
+        with caplog.at_level(logging.ERROR, logger="agent.ops.records"):
             accepted = [store.add_turn(a_turn("rtc_s", n, started_at=n)) for n in range(1, 8)]
         assert accepted == [True] * 4 + [False] * 3
         assert store.dropped == 3

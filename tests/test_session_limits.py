@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from agent.app import create_app
 from agent.config import ConversationSettings, Settings, VadSettings
-from agent.events import client_event_models
 from agent.profiles import build_pipeline
+from agent.realtime.events import client_event_models
 from media.vad import SAMPLE_RATE
 from tests.audio_fixtures import monologue_wav, speech_bounds
 from tests.conftest import wait_ready
@@ -168,7 +168,7 @@ async def fuzzed(capped_server: Served) -> AsyncIterator[RtcCaller]:
 
 
 def handler_bugs(caller: RtcCaller) -> list[dict[str, Any]]:
-    """Errors that mean the session raised on an event (agent.call reports those as
+    """Errors that mean the session raised on an event (agent.calls.call reports those as
     `server_error`); a turn the pipeline refuses is a `response_failed`, and fine."""
     return [e for e in caller.of_type("error") if e["error"]["code"] == "server_error"]
 

@@ -9,7 +9,7 @@ and speaks again; every `barge_in_every`-th reply is talked over by the next utt
 `barge_in_after_s` of it has been heard. Per turn, at the caller:
 
 - time to first audio: from the end of the caller's speech to the first loud sample of the
-  reply (both on the media timeline, see agent/bench_caller.py). It includes the server's
+  reply (both on the media timeline, see agent/bench/caller.py). It includes the server's
   end-of-turn silence (turn_detection.silence_duration_ms, 500 ms by default), which is also
   reported subtracted (`ttfa_after_vad_ms`: what the server took once it could know the turn
   had ended);
@@ -42,11 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from agent.bench_caller import MIC_RATE, BenchCaller, CallDroppedError, Utterance
-from agent.bench_calls_report import TARGETS, report, summarise
-from agent.bench_server import ServerProcess, ServerWatch, server_figures, wait_calls_ended
-from agent.bench_speech import default_speech_dir, read_wav, utterance_wavs
-from agent.bench_turn import QUESTIONS
+from agent.bench.caller import BenchCaller, CallDroppedError, Utterance
+from agent.bench.calls_report import TARGETS, report, summarise
+from agent.bench.level import LevelRun, Plan
+from agent.bench.server import ServerProcess, ServerWatch, server_figures, wait_calls_ended
+from agent.bench.speech import MIC_RATE, default_speech_dir, read_wav, utterance_wavs
+from agent.bench.turn import QUESTIONS
 
 SAMPLE_RATE = MIC_RATE  # the callers' microphones run at 16 kHz
 GAP_MS = 100  # a silence this long inside a reply counts as a gap
@@ -55,40 +56,6 @@ IN_FLIGHT_S = 0.2  # reply audio already on the wire when the cut was announced
 QUIET_S = 1.5  # after a failed turn: silence heard this long before the next utterance
 CONNECTS_AT_ONCE = 4  # per worker process: offers in flight together (ICE and DTLS cost CPU)
 HANG_UP_S = 60.0  # after the last call's record: workers still hanging up are then ended
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What every caller of one level does (picklable: it travels to the worker processes)."""
-
-    url: str
-    concurrency: int
-    speech: tuple[str, ...]  # WAV files: 16 kHz mono int16, trimmed to the audible part
-    turns: int | None = 5  # per call; or None with duration_s
-    duration_s: float | None = None  # keep starting turns until this long after the start
-    pause_s: float = 1.0  # after a reply has played, before the next utterance
-    barge_in_every: int = 3  # every n-th reply is talked over by the next utterance; 0: never
-    barge_in_after_s: float = 0.6  # reply heard before the caller talks over it
-    reply_tokens: int | None = None  # session.update max_output_tokens; None: the server's
-    codec: str | None = None  # offer only this codec (opus, PCMU, PCMA); None: all
-    api_key: str | None = None
-    turn_timeout_s: float = 60.0
-    connect_timeout_s: float = 60.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if (self.turns is None) == (self.duration_s is None):
-            raise ValueError("give either turns or duration_s")
-        if self.turns is not None and self.turns < 1:
-            raise ValueError("turns must be at least 1")
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise ValueError("duration_s must be positive")
-        if self.barge_in_every < 0 or self.barge_in_every == 1:
-            raise ValueError("barge_in_every must be 0 (never) or at least 2")
-        if not self.speech:
-            raise ValueError("no utterances to speak")
 
 
 # -- one call --------------------------------------------------------------------------------
@@ -324,7 +291,7 @@ async def _orphan_watch(parent: int) -> None:
 
 
 async def _worker(plan: Plan, indices: list[int], out: Any, go: Any, start: Any) -> None:
-    from agent.loop_lag import LoopLagMonitor
+    from agent.ops.loop_lag import LoopLagMonitor
 
     # A starved generator re-anchors its microphones' clocks: that shows in the loop lag it
     # reports, not as a warning per call on the terminal under the progress bar.
@@ -360,20 +327,6 @@ async def _worker(plan: Plan, indices: list[int], out: Any, go: Any, start: Any)
         cores = (None if began is None or cpu_began is None else
                  (time.process_time() - cpu_began) / max(1e-9, time.monotonic() - began))
         out.put(("worker", {"pid": os.getpid(), "loop_lag_p99_ms": p99, "cpu_cores": cores}))
-
-
-@dataclass
-class LevelRun:
-    """Everything one level produced, before it is summarised."""
-
-    plan: Plan
-    calls: list[dict[str, Any]]
-    turns: list[dict[str, Any]]
-    workers: list[dict[str, Any]]
-    began: float  # the workers were started (monotonic)
-    started_at: float  # every call connected: the go
-    ended_at: float
-    server: dict[str, Any] | None = None
 
 
 def run_level(plan: Plan, workers: int, watch: ServerWatch | None = None,
@@ -537,7 +490,7 @@ def run(options: Options) -> int:
     """`omnivox bench calls`: print the table, write the JSON and the plots."""
     result = bench_calls(options)
     if options.plots_dir is not None:
-        from agent.bench_plots import plot_levels
+        from agent.bench.plots import plot_levels
 
         result["plots"] = [str(p) for p in plot_levels(result, options.plots_dir)]
     print(report(result))

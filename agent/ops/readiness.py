@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
-
-from agent.events import error_event
 
 
 class StageStatusLike(Protocol):
@@ -25,10 +23,6 @@ class HealthSource(Protocol):
 
 class FailureSource(Protocol):
     def on_stage_failed(self, listener: Callable[[str, str], None]) -> None: ...
-
-
-class EventSink(Protocol):
-    def send_event(self, event: dict[str, Any]) -> None: ...
 
 
 class Readiness:
@@ -61,24 +55,3 @@ class Readiness:
             if s["state"] != "ready"
         ]
         return "; ".join(waiting) or "ready"
-
-
-def stage_failed_event(stage: str, reason: str) -> dict[str, Any]:
-    """The `error` event a live call gets when one of the stages is marked failed."""
-    return error_event(
-        f"stage {stage} failed and will not be restarted ({reason}); replies fail until the "
-        f"server is restarted",
-        code="stage_failed",
-        error_type="server_error",
-    )
-
-
-def announce_stage_failures(pipeline: FailureSource, calls: Iterable[EventSink]) -> None:
-    """Tell every live call, with an `error` event, when a stage is marked failed: its caller
-    learns at once, not only when its next reply fails."""
-
-    def announce(stage: str, reason: str) -> None:
-        for call in list(calls):
-            call.send_event(stage_failed_event(stage, reason))
-
-    pipeline.on_stage_failed(announce)

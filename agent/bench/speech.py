@@ -15,9 +15,24 @@ import wave
 from collections.abc import Iterable
 from pathlib import Path
 
+import av
 import numpy as np
 
-from agent.bench_caller import MIC_RATE, resample
+MIC_RATE = 16_000  # the callers' microphones
+
+
+def resample(pcm: np.ndarray, rate: int, to: int = MIC_RATE) -> np.ndarray:
+    """int16 mono PCM from `rate` to `to`, in one go (a streaming resampler would keep the
+    utterance's last samples for the next one)."""
+    if rate == to:
+        return pcm.astype(np.int16, copy=False)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=to)
+    frame = av.AudioFrame.from_ndarray(pcm.astype(np.int16).reshape(1, -1), format="s16",
+                                       layout="mono")
+    frame.sample_rate = rate
+    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
 
 
 def espeak(text: str, path: Path) -> tuple[np.ndarray, int]:

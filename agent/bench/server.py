@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import psutil
 
-LAG_METRIC = "omnivox_event_loop_lag_seconds"  # histogram (agent/metrics.py)
+LAG_METRIC = "omnivox_event_loop_lag_seconds"  # histogram (agent/ops/metrics.py)
 LAG_P99_METRIC = "omnivox_event_loop_lag_p99_seconds"  # gauge: the last minute's p99
 TTFA_METRIC = "omnivox_time_to_first_audio_seconds"  # histogram: VAD close -> first audio sent
 DROPPED_METRIC = "omnivox_calls_dropped"  # counter, by reason

@@ -1,17 +1,18 @@
-"""What each Realtime client event does to a session (the session's half that listens)."""
+"""What each Realtime client event does to a session: a table from event type to handler."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agent import payloads
-from agent.events import error_event, new_id, server_event
+from agent.realtime import payloads
+from agent.realtime.events import error_event, new_id, server_event
 from media.vad import VadConfig
 
 if TYPE_CHECKING:
-    from agent.session import Session
+    from agent.realtime.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +25,26 @@ def aggressiveness(threshold: float) -> int:
     return next((mode for limit, mode in _THRESHOLDS if threshold < limit), 3)
 
 
-class ClientEventDispatch:
-    """Mixin of Session: one method per client event type."""
+class ClientEvents:
+    """The session's half that listens: one handler per client event type, in one table."""
 
-    def on_client_event(self: Session, event: Any) -> None:
-        handler = getattr(self, "_on_" + event.type.replace(".", "_"), None)
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.handlers: dict[str, Callable[[Any], None]] = {
+            "session.update": self.session_update,
+            "response.create": self.response_create,
+            "response.cancel": self.response_cancel,
+            "output_audio_buffer.clear": self.output_audio_buffer_clear,
+            "input_audio_buffer.clear": self.input_audio_buffer_clear,
+            "conversation.item.create": self.conversation_item_create,
+            "conversation.item.truncate": self.conversation_item_truncate,
+        }
+
+    def dispatch(self, event: Any) -> None:
+        """Run `event`'s handler; an event type with none gets an `error` event."""
+        handler = self.handlers.get(event.type)
         if handler is None:
-            self.call.send_event(
+            self.session.call.send_event(
                 error_event(
                     f"{event.type} is not supported on a WebRTC call",
                     code="unsupported_event",
@@ -40,36 +54,36 @@ class ClientEventDispatch:
             return
         handler(event)
 
-    def _on_session_update(self: Session, event: Any) -> None:
+    def session_update(self, event: Any) -> None:
         """Apply every change or none: a bad value is an `error` and the session stays as is."""
-        session = event.session
-        audio = getattr(session, "audio", None)
+        update, live = event.session, self.session
+        audio = getattr(update, "audio", None)
         detection = getattr(getattr(audio, "input", None), "turn_detection", None)
-        max_tokens = getattr(session, "max_output_tokens", None)
+        max_tokens = getattr(update, "max_output_tokens", None)
         try:
             vad = self._vad_config(detection) if detection is not None else None
             if max_tokens not in (None, "inf") and not 1 <= max_tokens <= MAX_REPLY_TOKENS:
                 raise ValueError(f"max_output_tokens must be 1..{MAX_REPLY_TOKENS} or 'inf'")
         except ValueError as exc:
-            self.call.send_event(
+            live.call.send_event(
                 error_event(f"session.update: {exc}", code="invalid_value",
                             event_id=event.event_id)
             )
             return
         if max_tokens is not None:
-            self.settings.max_reply_tokens = MAX_REPLY_TOKENS if max_tokens == "inf" else max_tokens
-        if getattr(session, "instructions", None) is not None:
-            self.settings.instructions = session.instructions
-            self.conversation.instructions = session.instructions
+            live.settings.max_reply_tokens = MAX_REPLY_TOKENS if max_tokens == "inf" else max_tokens
+        if getattr(update, "instructions", None) is not None:
+            live.settings.instructions = update.instructions
+            live.conversation.instructions = update.instructions
         output = getattr(audio, "output", None) if audio else None
         if output is not None and output.voice is not None:
-            self.settings.voice = getattr(output.voice, "id", output.voice)  # a custom voice
+            live.settings.voice = getattr(output.voice, "id", output.voice)  # a custom voice
         if vad is not None:
-            self.call.vad.reconfigure(vad)
+            live.call.vad.reconfigure(vad)
             self._apply_turn_detection(detection)
-        self.call.send_event(server_event("session.updated", session=self.session_object()))
+        live.call.send_event(server_event("session.updated", session=live.session_object()))
 
-    def _vad_config(self: Session, detection: Any) -> VadConfig:
+    def _vad_config(self, detection: Any) -> VadConfig:
         """The VAD settings `detection` asks for; ValueError if they are not valid."""
         if detection.type != "server_vad":
             raise ValueError(f"turn_detection {detection.type!r} is not supported (server_vad)")
@@ -80,17 +94,17 @@ class ClientEventDispatch:
             changes["preroll_ms"] = detection.prefix_padding_ms
         if detection.threshold is not None:
             changes["aggressiveness"] = aggressiveness(detection.threshold)
-        return dataclasses.replace(self.call.vad.config, **changes)
+        return dataclasses.replace(self.session.call.vad.config, **changes)
 
-    def _apply_turn_detection(self: Session, detection: Any) -> None:
+    def _apply_turn_detection(self, detection: Any) -> None:
         if detection.interrupt_response is not None:
-            self.settings.barge_in = detection.interrupt_response
+            self.session.settings.barge_in = detection.interrupt_response
         if detection.create_response is not None:
-            self.settings.create_response = detection.create_response
+            self.session.settings.create_response = detection.create_response
 
-    def _on_response_create(self: Session, event: Any) -> None:
-        if self.reply is not None:
-            self.call.send_event(
+    def response_create(self, event: Any) -> None:
+        if self.session.reply is not None:
+            self.session.call.send_event(
                 error_event(
                     "a response is already in progress",
                     code="conversation_already_has_active_response",
@@ -98,11 +112,11 @@ class ClientEventDispatch:
                 )
             )
             return
-        self.start_reply()
+        self.session.start_reply()
 
-    def _on_response_cancel(self: Session, event: Any) -> None:
-        if self.reply is None:
-            self.call.send_event(
+    def response_cancel(self, event: Any) -> None:
+        if self.session.reply is None:
+            self.session.call.send_event(
                 error_event(
                     "no response is in progress",
                     code="response_cancel_not_active",
@@ -110,20 +124,20 @@ class ClientEventDispatch:
                 )
             )
             return
-        self.cancel_reply("client_cancelled")
+        self.session.cancel_reply("client_cancelled")
 
-    def _on_output_audio_buffer_clear(self: Session, event: Any) -> None:
-        self.interrupt("client_cancelled")
+    def output_audio_buffer_clear(self, event: Any) -> None:
+        self.session.interrupt("client_cancelled")
 
-    def _on_input_audio_buffer_clear(self: Session, event: Any) -> None:
-        self.call.vad.clear()
-        self.call.send_event(server_event("input_audio_buffer.cleared"))
+    def input_audio_buffer_clear(self, event: Any) -> None:
+        self.session.call.vad.clear()
+        self.session.call.send_event(server_event("input_audio_buffer.cleared"))
 
-    def _on_conversation_item_create(self: Session, event: Any) -> None:
+    def conversation_item_create(self, event: Any) -> None:
         item = event.item
         texts = [c.text for c in getattr(item, "content", None) or [] if getattr(c, "text", None)]
         if item.type != "message" or item.role != "user" or not texts:
-            self.call.send_event(
+            self.session.call.send_event(
                 error_event(
                     "only user text messages can be added",
                     code="unsupported_item",
@@ -133,19 +147,19 @@ class ClientEventDispatch:
             return
         item_id = item.id or new_id("item")
         text = " ".join(texts)
-        self.conversation.add(item_id, "user", text)
-        self.call.send_event(
+        self.session.conversation.add(item_id, "user", text)
+        self.session.call.send_event(
             server_event("conversation.item.created", item=payloads.user_text_item(item_id, text))
         )
-        if self.settings.create_response and self.reply is None:
-            self.start_reply()
+        if self.session.settings.create_response and self.session.reply is None:
+            self.session.start_reply()
 
-    def _on_conversation_item_truncate(self: Session, event: Any) -> None:
-        replies = (self.reply, self._last_reply)
+    def conversation_item_truncate(self, event: Any) -> None:
+        replies = (self.session.reply, self.session.previous_reply)
         reply = next((r for r in replies if r is not None and r.item_id == event.item_id), None)
-        item = self.conversation.get(event.item_id)
+        item = self.session.conversation.get(event.item_id)
         if item is None or reply is None:
-            self.call.send_event(
+            self.session.call.send_event(
                 error_event(
                     f"no assistant audio item {event.item_id!r}",
                     code="item_not_found",
@@ -154,7 +168,7 @@ class ClientEventDispatch:
             )
             return
         if not 0 <= event.audio_end_ms <= reply.spoken.total_ms:
-            self.call.send_event(
+            self.session.call.send_event(
                 error_event(
                     f"audio_end_ms {event.audio_end_ms} is outside the item's audio "
                     f"(0..{reply.spoken.total_ms} ms)",
@@ -166,14 +180,14 @@ class ClientEventDispatch:
             return
         # The audio stops now and the item keeps the text voiced by its first audio_end_ms; a
         # reply still generating is cancelled (its response.done carries that text too).
-        if (self.reply is None or self.reply is reply) and self.interrupt(
+        if (self.session.reply is None or self.session.reply is reply) and self.session.interrupt(
             "client_cancelled", event.audio_end_ms
         ):
             return
         # Played out already, or a newer reply is under way: only the text is cut.
         reply.cut_ms = event.audio_end_ms
-        item.text = self._heard(reply)
-        self.call.send_event(
+        item.text = self.session.heard(reply)
+        self.session.call.send_event(
             server_event(
                 "conversation.item.truncated",
                 item_id=item.item_id,

@@ -32,10 +32,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.history import Conversation
-from agent.reply import Reply
+if TYPE_CHECKING:
+    from agent.realtime.history import Conversation
+    from agent.realtime.reply import Reply
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from agent.bench_caller import BenchCaller
-from agent.bench_speech import espeak
+from agent.bench.caller import BenchCaller
+from agent.bench.speech import espeak
 from agent.config import Settings
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,10 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent import payloads
-from agent.call import vad_config
+from agent.api.signalling import json_error, read_body
+from agent.calls.call import vad_config
 from agent.config import Settings
-from agent.signalling import json_error, read_body
+from agent.realtime import payloads
 
 log = logging.getLogger(__name__)
 router = APIRouter()

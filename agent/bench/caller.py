@@ -39,6 +39,7 @@ import numpy as np
 from aiortc import MediaStreamTrack, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from agent.bench.speech import MIC_RATE, resample
 from media.peer import new_peer_connection
 
 LOUD = 100  # |sample| above this (-50 dBFS) is sound; codecs decode digital silence to ~0
@@ -73,7 +74,6 @@ class Heard:
         return None if self.last_loud is None else self.at + self.last_loud
 
 
-MIC_RATE = 16_000
 MIC_FRAME = MIC_RATE // 50  # 20 ms
 MAX_LAG_S = 0.1  # a microphone this far behind its clock (a starved loop) re-anchors
 
@@ -90,20 +90,6 @@ class Utterance:
     def padding_s(self) -> float:
         """Silence that fills out the utterance's last 20 ms frame."""
         return (-self.samples % MIC_FRAME) / MIC_RATE
-
-
-def resample(pcm: np.ndarray, rate: int, to: int = MIC_RATE) -> np.ndarray:
-    """int16 mono PCM from `rate` to `to`, in one go (a streaming resampler would keep the
-    utterance's last samples for the next one)."""
-    if rate == to:
-        return pcm.astype(np.int16, copy=False)
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=to)
-    frame = av.AudioFrame.from_ndarray(pcm.astype(np.int16).reshape(1, -1), format="s16",
-                                       layout="mono")
-    frame.sample_rate = rate
-    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
 
 
 class Microphone(MediaStreamTrack):

@@ -24,7 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.loop_lag import LoopLagMonitor
+from agent.ops.loop_lag import LoopLagMonitor
 
 router = APIRouter()
 

@@ -45,6 +45,16 @@ def error_event(
     return server_event("error", error=error)
 
 
+def stage_failed_event(stage: str, reason: str) -> dict[str, Any]:
+    """The `error` event a live call gets when one of the stages is marked failed."""
+    return error_event(
+        f"stage {stage} failed and will not be restarted ({reason}); replies fail until the "
+        f"server is restarted",
+        code="stage_failed",
+        error_type="server_error",
+    )
+
+
 @dataclass(frozen=True)
 class ClientEventError(Exception):
     """A client event that could not be accepted; carries what the error event needs."""

@@ -7,28 +7,30 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent import payloads
-from agent.call import Call
-from agent.client_events import ClientEventDispatch
 from agent.config import ConversationSettings
-from agent.events import new_id, server_event
-from agent.history import Conversation
-from agent.logs import context as log_context
-from agent.reply import Reply, State, done_events, reply_event
+from agent.ops.logs import context as log_context
+from agent.realtime import payloads
+from agent.realtime.client_events import ClientEvents
+from agent.realtime.events import new_id, server_event
+from agent.realtime.history import Conversation
+from agent.realtime.reply import Reply, State, done_events, reply_event
 from media.vad import SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
+
+if TYPE_CHECKING:
+    from agent.calls.call import Call
 
 log = logging.getLogger(__name__)
 BARGE_IN_POLL_S = 0.02  # one VAD frame
 UNANSWERED_MAX = 4  # committed utterances kept for the next reply (create_response=false)
 
 
-class Session(ClientEventDispatch):
-    """Handler of one call's speech and client events (see agent.call.CallHandler)."""
+class Session:
+    """Handler of one call's speech and client events (see agent.calls.call.CallHandler)."""
 
     def __init__(self, call: Call, pipeline: Any, settings: ConversationSettings) -> None:
         self.call = call
@@ -43,6 +45,7 @@ class Session(ClientEventDispatch):
         self._flushing = False
         # The caller's committed utterances that no reply has heard yet (audio, not history).
         self._unanswered: deque[tuple[str, np.ndarray]] = deque(maxlen=UNANSWERED_MAX)
+        self.client_events = ClientEvents(self)
         call.outbound.on_playing_changed = self._on_playing_changed
 
     def session_object(self) -> dict[str, Any]:
@@ -57,6 +60,14 @@ class Session(ClientEventDispatch):
             create_response=s.create_response,
             max_output_tokens=s.max_reply_tokens,
         )
+
+    def on_client_event(self, event: Any) -> None:
+        self.client_events.dispatch(event)
+
+    @property
+    def previous_reply(self) -> Reply | None:
+        """The last reply that ended (the one in flight, if any, is `reply`)."""
+        return self._last_reply
 
     @property
     def last_reply(self) -> Reply | None:
@@ -135,11 +146,12 @@ class Session(ClientEventDispatch):
         self._silence(reply, audio_end_ms)
         item = self.conversation.get(reply.item_id)
         if item is not None:
-            item.text = self._heard(reply)
+            item.text = self.heard(reply)
         self.state = State.LISTENING
         return True
 
-    def _heard(self, reply: Reply) -> str:
+    def heard(self, reply: Reply) -> str:
+        """The part of `reply` the caller heard: its text up to the audio played out."""
         return reply.spoken.heard(reply.text, reply.played_ms(self.call.outbound.played_ms))
 
     # -- replies --------------------------------------------------------------------------
@@ -313,7 +325,7 @@ class Session(ClientEventDispatch):
             reply.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reply.task
-        self._finish(reply, "cancelled", reason=reason, text=self._heard(reply))
+        self._finish(reply, "cancelled", reason=reason, text=self.heard(reply))
 
     def _silence(self, reply: Reply, audio_end_ms: int | None = None) -> None:
         """Flush the outbound track and report what the caller heard of `reply` (or, when the
@@ -379,7 +391,7 @@ class Session(ClientEventDispatch):
             reply, self.reply = self.reply, None
             self.call.metrics.turn_ended("cancelled", None)  # the call hung up mid-reply
             self.call.records.turn_ended(self.call.id, reply, self.conversation, "cancelled",
-                                         self._heard(reply), reason="call_ended")
+                                         self.heard(reply), reason="call_ended")
             await self.pipeline.cancel(reply.turn_id)
             if reply.task is not None:
                 reply.task.cancel()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-from agent.call import Call
+from agent.calls.call import Call
 from agent.config import Settings
-from agent.metrics import Metrics
-from agent.records import CallRecords
+from agent.ops.metrics import Metrics
+from agent.ops.readiness import FailureSource
+from agent.ops.records import CallRecords
+from agent.realtime.events import stage_failed_event
 
 
 class CallLimitError(RuntimeError):
@@ -53,3 +55,14 @@ class CallRegistry:
 
     async def close_all(self) -> None:
         await asyncio.gather(*(c.close("server_shutdown") for c in list(self._calls.values())))
+
+
+def announce_stage_failures(pipeline: FailureSource, calls: CallRegistry) -> None:
+    """Tell every live call, with an `error` event, when a stage is marked failed: its caller
+    learns at once, not only when its next reply fails."""
+
+    def announce(stage: str, reason: str) -> None:
+        for call in calls:
+            call.send_event(stage_failed_event(stage, reason))
+
+    pipeline.on_stage_failed(announce)

@@ -16,19 +16,19 @@ from typing import Any, Protocol
 import numpy as np
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 
-from agent import logs
+from agent.calls.limits import TokenBucket
 from agent.config import Settings
-from agent.events import (
+from agent.ops import logs
+from agent.ops.metrics import Metrics
+from agent.ops.records import CallRecords
+from agent.realtime.events import (
     ClientEventError,
     error_event,
     new_id,
     parse_client_event,
     server_event,
 )
-from agent.limits import TokenBucket
-from agent.metrics import Metrics
-from agent.payloads import session_object
-from agent.records import CallRecords
+from agent.realtime.payloads import session_object
 from media.encoded_audio import EncodedAudioTrack
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack

@@ -8,8 +8,8 @@ import logging
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from agent import logs
-from agent.calls import CallLimitError, CallRegistry
+from agent.calls.registry import CallLimitError, CallRegistry
+from agent.ops import logs
 from media.sdp import SdpError, check_offer
 
 log = logging.getLogger(__name__)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from agent.bench_calls import LevelRun
+from agent.bench.level import LevelRun
 
-TARGETS = {  # issue 7, for the tiny family
+TARGETS = {  # for the tiny family, at the caller
     "ttfa_p50_ms_at_1": 150.0,
     "ttfa_p50_ms_at_16": 500.0,
     "barge_in_stop_p95_ms": 300.0,
@@ -117,7 +116,7 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"cascade vs sequential stages at {c['concurrency']} call(s), first audio "
                      f"after the end-of-turn silence p50: {fmt(c['cascade_ms'])} vs "
                      f"{fmt(c['sequential_ms'])} ms: {fmt(c['ratio'], 2)}x sooner")
-    lines += [f"target (issue 7, tiny family): {line}" for line in verdicts(result["levels"])]
+    lines += [f"target (tiny family): {line}" for line in verdicts(result["levels"])]
     return "\n".join(lines)
 
 

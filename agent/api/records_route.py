@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from agent.records import CallRecords, RecordsBusyError
-from agent.signalling import json_error
+from agent.api.signalling import json_error
+from agent.ops.records import CallRecords, RecordsBusyError
 
 router = APIRouter()
 

@@ -7,9 +7,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import payloads
-from agent.events import error_event, server_event
-from agent.history import SpokenText
+from agent.realtime import payloads
+from agent.realtime.events import error_event, server_event
+from agent.realtime.history import SpokenText
 
 
 class State(enum.StrEnum):

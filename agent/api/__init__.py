@@ -1,0 +1,1 @@
+"""The HTTP surface: signalling routes, authentication, records route, and their errors."""

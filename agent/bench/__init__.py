@@ -1,0 +1,1 @@
+"""Benchmarks: `omnivox bench turn|calls|pipeline` and their callers, servers and reports."""

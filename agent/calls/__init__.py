@@ -1,0 +1,1 @@
+"""Per-call plumbing: one WebRTC call, the registry of calls, and per-call limits."""

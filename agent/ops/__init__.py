@@ -1,0 +1,1 @@
+"""Operations: logs, metrics, event-loop lag, readiness and call records."""

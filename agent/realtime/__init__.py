@@ -1,0 +1,1 @@
+"""The OpenAI Realtime protocol: events, the conversation session, replies and history."""
