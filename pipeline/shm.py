@@ -36,11 +36,10 @@ from pipeline.shm_dtypes import (
     tensor_at,
     torch_module,
 )
+from pipeline.shm_lease import BlockLease
 
 if TYPE_CHECKING:
     import torch
-
-    from pipeline.shm_lease import BlockLease
 
 logger = logging.getLogger(__name__)
 
@@ -301,8 +300,6 @@ class BlockPool:
         self._shm.unlink()
 
     def _lease(self, block: int, dtype: str, shape: tuple[int, ...]) -> BlockLease:
-        from pipeline.shm_lease import BlockLease  # here: that module builds on this one
-
         return BlockLease(self, self.ref(block, dtype, shape))  # checked before the acquire
 
     def _fill(self, block: int, array: Any, dtype: str, shape: tuple[int, ...]) -> BlockRef:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from pipeline.shm import BlockPool, BlockRef
-
 if TYPE_CHECKING:
+    import numpy as np
     import torch
+
+    from pipeline.shm import BlockPool, BlockRef
 
 
 class BlockLease:
