@@ -29,6 +29,9 @@ what upstream offers or could offer instead:
 - `RTCRtpReceiver._handle_rtp_packet` (a coroutine method): wrapped to note when each RTP
   packet arrives, before the jitter buffer holds it (load measurements only). aiortc offers
   no per-packet event on a receiver.
+- `RTCIceGatherer._connection` (an aioice Connection): which STUN server a gatherer will
+  query, so tests can check that no public one is configured unless asked for. W3C's
+  `RTCPeerConnection.getConfiguration()` would answer it; aiortc does not implement it.
 - `RTCSctpTransport._data_channel_queue`, `_data_channel_flush()` and
   `RTCDataChannel._addBufferedAmount()`: tests send text messages that are not UTF-8, which
   `RTCDataChannel.send` (rightly) cannot produce, by queuing them the way it queues a message.
@@ -43,9 +46,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import aiortc
+from aioice import Connection
 from aiortc import (
     MediaStreamTrack,
     RTCDataChannel,
+    RTCIceGatherer,
     RTCRtpCodecParameters,
     RTCRtpReceiver,
     RTCRtpTransceiver,
@@ -178,6 +183,13 @@ def watch_rtp_packets(receiver: RTCRtpReceiver, on_packet: Callable[[RtpPacket],
         await handle(packet, arrival_time_ms)
 
     setattr(receiver, _HANDLE_RTP_PACKET, watched)
+
+
+def stun_server(gatherer: RTCIceGatherer) -> tuple[str, int] | None:
+    """The STUN server `gatherer` queries for server-reflexive candidates (None: none)."""
+    connection = _private(gatherer, "RTCIceGatherer", "_connection", Connection,
+                          "the ICE agent, which holds the STUN server")
+    return connection.stun_server
 
 
 async def send_unchecked(channel: RTCDataChannel, pp_id: int, data: bytes) -> None:

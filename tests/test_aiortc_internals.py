@@ -31,6 +31,7 @@ from media.aiortc_internals import (
     negotiated_codecs,
     remote_track_queue,
     send_unchecked,
+    stun_server,
     watch_rtp_packets,
 )
 from media.inbound import InboundAudio
@@ -133,6 +134,18 @@ async def test_backlog_lasts_until_the_peer_has_everything(pair: Pair) -> None:
     assert len(pair.received[-1]) == 200_000
 
 
+@pytest.mark.parametrize(("servers", "expected"), [
+    ([], None), (["stun:stun.example.org:3478"], ("stun.example.org", 3478)),
+])
+async def test_the_gatherer_queries_only_the_configured_stun_server(
+    servers: list[str], expected: tuple[str, int] | None
+) -> None:
+    pc = new_peer_connection(servers)
+    gatherer = pc.addTransceiver("audio").sender.transport.transport.iceGatherer
+    assert stun_server(gatherer) == expected
+    await pc.close()
+
+
 # -- a private that moved is an error naming it ---------------------------------------------
 
 
@@ -177,6 +190,13 @@ def _without_receive() -> None:
     guard_data_channel_receive(object())  # type: ignore[arg-type]
 
 
+def _gatherer_without_connection() -> None:
+    _, transceiver = _fresh()
+    gatherer = transceiver.sender.transport.transport.iceGatherer
+    del gatherer._connection
+    stun_server(gatherer)
+
+
 def _track_without_queue() -> None:
     track = RemoteStreamTrack(kind="audio")
     del track._queue
@@ -191,6 +211,7 @@ def _track_without_queue() -> None:
     (_receive_not_a_coroutine, "RTCSctpTransport._data_channel_receive is not a coroutine"),
     (_without_receive, "has no RTCSctpTransport._data_channel_receive"),
     (_track_without_queue, "has no RemoteStreamTrack._queue"),
+    (_gatherer_without_connection, "has no RTCIceGatherer._connection"),
 ])
 def test_a_moved_private_is_named_with_the_aiortc_version(
     breaks: Callable[[], None], named: str

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
+from media.aiortc_internals import stun_server
 from tests.served import Served
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -71,9 +72,9 @@ async def test_no_public_stun_server_by_default(media_server: Served) -> None:
     reply = await post_offer(media_server.url, await make_offer())
     assert reply.status_code == 201
     call = media_server.app.state.calls.get(reply.headers["location"].rsplit("/", 1)[1])
-    # aiortc has no getConfiguration(); the gatherer's STUN server is what would leak traffic.
+    # The gatherer's STUN server is what would leak traffic.
     gatherer = call.pc.getTransceivers()[0].sender.transport.transport.iceGatherer
-    assert gatherer._connection.stun_server is None
+    assert stun_server(gatherer) is None
     assert "typ srflx" not in reply.text
     await call.close()
 
