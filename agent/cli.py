@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.config import Settings
+from pydantic import ValidationError
+
+from agent.config import REPO_ROOT, Settings, env_name
 from agent.ops import logs
 
 
@@ -18,31 +20,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the voice-agent server (one async worker)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--profile", default="local", help="model profile (agent/profiles.toml)")
-    serve.add_argument("--models-dir", type=Path, default=None, help="default: ./models")
-    serve.add_argument("--data-dir", type=Path, default=None,
-                       help="call records (SQLite); default: ./data, or OMNIVOX_DATA_DIR")
-    serve.add_argument("--max-calls", type=int, default=None,
-                       help="concurrent calls taken before 503 (default: 16)")
+    add_setting_flags(serve, SERVE_FLAGS)
     serve.add_argument("--sequential-stages", action="store_true",
                        help="run the stages one after the other, no overlap (for benchmarks)")
-    serve.add_argument("--log-level", default="info")
-    serve.add_argument("--log-format", choices=logs.FORMATS, default=None,
-                       help=f"text (default) or json, one object per line; or {logs.FORMAT_ENV}")
 
     models = commands.add_parser("models", help="build or inspect model families")
     models_cmd = models.add_subparsers(dest="models_command", required=True)
     build = models_cmd.add_parser("build", help="build a family's models locally")
     build.add_argument("family")
-    build.add_argument("--models-dir", type=Path, default=None, help="default: ./models")
+    add_setting_flags(build, ("models_dir",))
 
     bench = commands.add_parser("bench", help="measure (figures printed and written as JSON)")
     bench_cmd = bench.add_subparsers(dest="bench_command", required=True)
     pipe = bench_cmd.add_parser("pipeline", help="shm vs pickle, cascade vs sequential, turns/s")
     pipe.add_argument("--profile", default="tiny")
-    pipe.add_argument("--models-dir", type=Path, default=None, help="default: ./models")
+    add_setting_flags(pipe, ("models_dir",))
     pipe.add_argument("--tokens", type=int, default=100, help="reply length for first audio")
     pipe.add_argument("--json", dest="json_path", help="also write the figures here")
     turn = bench_cmd.add_parser("turn", help="per-stage latency of spoken turns, real calls")
@@ -50,10 +42,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     turn.add_argument("--url", help="bench a running server instead (caller-side figures only)")
     turn.add_argument("--turns", type=int, default=10, help="questions asked in one call")
     turn.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
-    turn.add_argument("--models-dir", type=Path, default=None, help="default: ./models")
+    add_setting_flags(turn, ("models_dir",))
     turn.add_argument("--log-level", default="warning")
     add_bench_calls(bench_cmd)
     return parser.parse_args(argv)
+
+
+# The settings `omnivox serve` takes as flags (--max-calls for max_calls); every setting, these
+# included, is also read from its environment variable (OMNIVOX_MAX_CALLS).
+SERVE_FLAGS = ("host", "port", "profile", "models_dir", "data_dir", "max_calls", "log_level",
+               "log_format")
+# Flags of any command that are settings, whose value (when given) is handed to Settings.
+SETTING_FLAGS = (*SERVE_FLAGS,)
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """One flag per setting, its help and default read from the setting's declaration."""
+    for name in names:
+        field = Settings.model_fields[name]
+        default = field.get_default(call_default_factory=True)
+        shown = default.relative_to(REPO_ROOT) if isinstance(default, Path) else default
+        parser.add_argument(
+            "--" + name.replace("_", "-"), default=None, metavar=name.split("_")[-1].upper(),
+            help=f"{field.description} (default: {shown}; environment: {env_name(name)})")
 
 
 def add_bench_calls(bench_cmd: Any) -> None:
@@ -61,7 +72,7 @@ def add_bench_calls(bench_cmd: Any) -> None:
         "calls", help="time to first audio, barge-in and capacity over concurrent real calls")
     calls.add_argument("--url", help="bench a running server (default: start one, --profile)")
     calls.add_argument("--profile", default="tiny", help="the profile of the server started")
-    calls.add_argument("--models-dir", type=Path, default=None, help="default: ./models")
+    add_setting_flags(calls, ("models_dir",))
     calls.add_argument("--concurrency", type=concurrency_levels, default=[1, 4, 16],
                        help="comma-separated levels of concurrent calls, run in turn "
                        "(default: 1,4,16)")
@@ -103,16 +114,29 @@ def concurrency_levels(text: str) -> list[int]:
     return levels
 
 
-def models_dir(args: argparse.Namespace) -> dict[str, Path]:
-    """The --models-dir given, else OMNIVOX_MODELS_DIR, else the settings' default."""
-    chosen = args.models_dir or os.environ.get("OMNIVOX_MODELS_DIR")
-    return {"models_dir": Path(chosen)} if chosen else {}
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The settings: the flags given, then the environment, then the declared defaults."""
+    given = {name: getattr(args, name) for name in SETTING_FLAGS
+             if getattr(args, name, None) is not None}
+    return Settings(**given)
 
 
-def data_dir(args: argparse.Namespace) -> dict[str, Path]:
-    """The --data-dir given, else OMNIVOX_DATA_DIR, else the settings' default."""
-    chosen = args.data_dir or os.environ.get("OMNIVOX_DATA_DIR")
-    return {"data_dir": Path(chosen)} if chosen else {}
+def setting_error(exc: ValidationError) -> str:
+    """One line naming each refused setting, its flag or variable, and why."""
+    problems = []
+    for error in exc.errors():
+        path = [str(part) for part in error["loc"] if isinstance(part, str)]
+        where = env_name(*path) if path else "settings"
+        if path and path[0] in SETTING_FLAGS:
+            where = f"--{path[0].replace('_', '-')} or {where}"
+        # Never echo an API key; any other refused value helps the reader.
+        got = "" if path[:1] == ["api_keys"] else f", got {error.get('input')!r}"
+        problems.append(f"{'.'.join(path) or 'settings'} ({where}): {error['msg']}{got}")
+    return "invalid setting " + "; ".join(problems)
+
+
+class CommandLineError(Exception):
+    """Input the command cannot act on; main prints it as one line and exits with 2."""
 
 
 def pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -126,84 +150,78 @@ def pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"cascade": {**cascade, "overlap": False}}
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from agent.api.auth import env_settings
     from agent.app import create_app
-    from agent.calls.limits import env_limits
     from agent.profiles import build_pipeline
 
-    limits = env_limits(os.environ)  # OMNIVOX_MAX_CALL_S etc.; --max-calls wins over the env
-    if args.max_calls is not None:
-        limits["max_calls"] = args.max_calls
-    settings = Settings(host=args.host, port=args.port, profile=args.profile,
-                        **models_dir(args), **data_dir(args), **limits,
-                        **env_settings(os.environ))
     app = create_app(settings, pipeline=build_pipeline(settings, pipeline_overrides(args)))
-    print(f"omnivox: serving profile {settings.profile!r} at http://{args.host}:{args.port}/")
+    print(f"omnivox: serving profile {settings.profile!r} at "
+          f"http://{settings.host}:{settings.port}/")
     # uvicorn stops gracefully on SIGTERM (calls closed, workers stopped), then re-raises the
     # signal to whatever handler was there before it: ours makes that stop a clean exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     # One worker on purpose: the engines live once per host, behind this process.
     # log_config=None: uvicorn's records go through our handler, in the chosen format.
-    uvicorn.run(app, host=args.host, port=args.port, workers=1, log_level=args.log_level,
-                log_config=None)
+    uvicorn.run(app, host=settings.host, port=settings.port, workers=1,
+                log_level=settings.log_level, log_config=None)
     return 0
 
 
-def build_models(args: argparse.Namespace) -> int:
+def build_models(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.families import load_family
     from pipeline.models import build_family
 
-    directory = Settings(**models_dir(args)).models_dir
-    build_family(args.family, str(directory))
-    print(f"omnivox: {args.family} models ready in {directory / args.family}")
+    try:
+        load_family(args.family)
+    except ValueError as exc:
+        raise CommandLineError(str(exc)) from None
+    build_family(args.family, str(settings.models_dir))
+    print(f"omnivox: {args.family} models ready in {settings.models_dir / args.family}")
     return 0
 
 
-def bench_pipeline(args: argparse.Namespace) -> int:
+def bench_pipeline(args: argparse.Namespace, settings: Settings) -> int:
     from agent.bench.report import print_pipeline_report, write_json
     from agent.profiles import pipeline_settings
     from pipeline.bench import run_bench
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the figures, not engine chatter
-    settings = pipeline_settings(Settings(profile=args.profile, **models_dir(args)))
-    result = run_bench(settings, tokens=args.tokens)
-    result["profile"] = args.profile
+    result = run_bench(pipeline_settings(settings), tokens=args.tokens)
+    result["profile"] = settings.profile
     print_pipeline_report(result)
     if args.json_path:
         write_json(args.json_path, result)
     return 0
 
 
-def bench_turn(args: argparse.Namespace) -> int:
+def bench_turn(args: argparse.Namespace, settings: Settings) -> int:
     from agent.bench.turn import run
 
     if args.turns < 1:
-        raise SystemExit("omnivox bench turn: --turns must be at least 1")
-    settings = Settings(profile=args.profile, **models_dir(args))
+        raise CommandLineError("bench turn: --turns must be at least 1")
     return run(settings, args.url, args.turns, args.json_path)
 
 
-def bench_calls(args: argparse.Namespace) -> int:
+def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
     from agent.bench.calls import Options, run
 
     turns = None if args.duration is not None else args.turns
     if turns is not None and turns < 1:
-        raise SystemExit("omnivox bench calls: --turns must be at least 1")
+        raise CommandLineError("bench calls: --turns must be at least 1")
     if args.duration is not None and args.duration <= 0:
-        raise SystemExit("omnivox bench calls: --duration must be positive")
+        raise CommandLineError("bench calls: --duration must be positive")
     if args.barge_in_every < 0 or args.barge_in_every == 1:
-        raise SystemExit("omnivox bench calls: --barge-in-every must be 0 or at least 2")
+        raise CommandLineError("bench calls: --barge-in-every must be 0 or at least 2")
     if args.sequential_url and not args.url:
-        raise SystemExit("omnivox bench calls: --sequential-url goes with --url")
+        raise CommandLineError("bench calls: --sequential-url goes with --url")
     if args.url and args.compare_sequential and not args.sequential_url:
-        raise SystemExit("omnivox bench calls: --compare-sequential with --url needs "
-                         "--sequential-url (a server started with --sequential-stages)")
-    chosen = args.models_dir or os.environ.get("OMNIVOX_MODELS_DIR")
+        raise CommandLineError("bench calls: --compare-sequential with --url needs "
+                               "--sequential-url (a server started with --sequential-stages)")
     return run(Options(
         concurrency=args.concurrency, turns=turns, duration_s=args.duration, url=args.url,
-        profile=args.profile, models_dir=Path(chosen) if chosen else None,
+        profile=settings.profile, models_dir=settings.models_dir,
         workers=args.workers, pause_s=args.pause, barge_in_every=args.barge_in_every,
         reply_tokens=args.reply_tokens, codec=args.codec, api_key=args.api_key,
         compare_sequential=args.compare_sequential, sequential_url=args.sequential_url,
@@ -211,22 +229,29 @@ def bench_calls(args: argparse.Namespace) -> int:
         progress=not args.no_progress))
 
 
+COMMANDS = {
+    ("serve", None): serve,
+    ("models", "build"): build_models,
+    ("bench", "pipeline"): bench_pipeline,
+    ("bench", "turn"): bench_turn,
+    ("bench", "calls"): bench_calls,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    from agent.profiles import ProfileError
+
     args = parse_args(argv)
+    command = COMMANDS[(args.command, getattr(args, f"{args.command}_command", None))]
     try:
-        logs.configure(getattr(args, "log_level", "info"), getattr(args, "log_format", None))
-    except ValueError as exc:  # a bad OMNIVOX_LOG_FORMAT
-        raise SystemExit(f"omnivox: {exc}") from None
-    if args.command == "serve":
-        return serve(args)
-    if args.command == "models":
-        return build_models(args)
-    if args.command == "bench" and args.bench_command == "pipeline":
-        return bench_pipeline(args)
-    if args.command == "bench" and args.bench_command == "turn":
-        return bench_turn(args)
-    if args.command == "bench" and args.bench_command == "calls":
-        return bench_calls(args)
+        settings = settings_of(args)
+        logs.configure(settings.log_level, settings.log_format)
+        return command(args, settings)
+    except ValidationError as exc:
+        message = setting_error(exc)
+    except (CommandLineError, ProfileError) as exc:
+        message = str(exc)
+    print(f"omnivox: {message}", file=sys.stderr)
     return 2
 
 

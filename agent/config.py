@@ -1,22 +1,17 @@
-"""Server settings: one pydantic model, filled from defaults, the CLI and the environment."""
+"""Server settings, declared once: each field is a setting, its `OMNIVOX_*` environment variable
+and its `omnivox serve --flag` (pydantic-settings; the command line wins over the environment)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from media.vad import VadConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class VadSettings(BaseModel):
-    """Turn detection on the caller's audio (webrtcvad)."""
-
-    aggressiveness: int = Field(2, ge=0, le=3)
-    onset_ms: int = Field(60, ge=20, description="speech must persist this long to start a turn")
-    silence_ms: int = Field(500, ge=100, description="silence that ends an utterance")
-    preroll_ms: int = Field(300, ge=0, description="audio kept from before the onset")
-    max_utterance_ms: int = Field(30_000, ge=1_000, description="an utterance is cut here")
 
 
 DEFAULT_INSTRUCTIONS = (
@@ -38,25 +33,51 @@ class ConversationSettings(BaseModel):
     create_response: bool = Field(True, description="answer each utterance automatically")
 
 
-class Settings(BaseModel):
+ENV_PREFIX = "OMNIVOX_"
+ENV_NESTED = "__"  # OMNIVOX_VAD__SILENCE_MS is vad.silence_ms
+
+
+def env_name(*path: str) -> str:
+    """The environment variable of the setting at `path` (field names, outermost first)."""
+    return ENV_PREFIX + ENV_NESTED.join(part.upper() for part in path)
+
+
+# Lists given in the environment (or on the command line) as one comma-separated string.
+CommaList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
     """Everything `omnivox serve` can be told."""
 
     # A refused value is named in the error, never echoed: it may be an API key.
-    model_config = ConfigDict(hide_input_in_errors=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED, env_ignore_empty=True,
+        hide_input_in_errors=True,
+    )
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    profile: str = "local"
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=1, le=65535, description="port to listen on")
+    profile: str = Field("local", description="model profile (agent/profiles.toml)")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="lowest level logged"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="log records as text lines or one JSON object per line"
+    )
     data_dir: Path = Field(
         REPO_ROOT / "data",
         description="call records (records.sqlite3, agent/ops/records.py); created if missing",
     )
-    models_dir: Path = REPO_ROOT / "models"
+    models_dir: Path = Field(
+        REPO_ROOT / "models", description="model directories, built on first use"
+    )
     web_dir: Path = REPO_ROOT / "web"
     # No public STUN server unless asked for: calls on loopback and LANs need none.
-    ice_servers: list[str] = Field(default_factory=list)
-    max_calls: int = Field(16, ge=1)
-    max_sdp_bytes: int = 64 * 1024
+    ice_servers: CommaList = Field(
+        default_factory=list, description="ICE server URLs (stun:/turn:), comma-separated"
+    )
+    max_calls: int = Field(16, ge=1, description="concurrent calls taken before 503")
+    max_sdp_bytes: int = Field(64 * 1024, ge=1024, description="largest SDP offer accepted")
     max_event_bytes: int = Field(64 * 1024, description="largest data-channel message accepted")
     # Per-call limits (agent/calls/call.py); a call that reaches one gets an `error` event naming it
     # and is hung up.
@@ -76,22 +97,27 @@ class Settings(BaseModel):
     inbound_jitter_packets: int = Field(
         1, ge=1, le=16, description="caller audio packets held to reorder them (20 ms each)"
     )
-    vad: VadSettings = Field(default_factory=VadSettings)
+    vad: VadConfig = Field(default_factory=VadConfig)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
     # Authentication (agent/api/auth.py). No API keys: local mode, every endpoint open. SecretStr
     # keeps the keys out of reprs and logs.
-    api_keys: list[SecretStr] = Field(
-        default_factory=list, description="Bearer keys for /v1 (OMNIVOX_API_KEYS, comma-separated)"
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="Bearer keys for /v1, comma-separated"
     )
     client_secret_ttl_s: int = Field(
         60, ge=1, le=3600, description="client secret lifetime: the default and the longest"
     )
     max_client_secrets: int = Field(1024, ge=1, description="client secrets outstanding at once")
-    cors_origins: list[str] = Field(
-        default_factory=list, description="origins allowed cross-origin (OMNIVOX_CORS_ORIGINS)"
+    cors_origins: CommaList = Field(
+        default_factory=list, description="origins allowed cross-origin, comma-separated"
     )
 
-    @field_validator("api_keys", "cors_origins", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower_case(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("api_keys", "cors_origins", "ice_servers", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         """Environment variables and config files may give these as one comma-separated string."""

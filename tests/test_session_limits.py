@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from agent.app import create_app
-from agent.config import ConversationSettings, Settings, VadSettings
+from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline
 from agent.realtime.events import client_event_models
-from media.vad import SAMPLE_RATE
+from media.vad import SAMPLE_RATE, VadConfig
 from tests.audio_fixtures import monologue_wav, speech_bounds
 from tests.conftest import wait_ready
 from tests.product_calls import (
@@ -57,7 +57,7 @@ async def capped_server(
         max_calls=4,
         max_events_per_s=10_000,
         max_event_burst=10_000,
-        vad=VadSettings(max_utterance_ms=CAP_MS, preroll_ms=PREROLL_MS),
+        vad=VadConfig(max_utterance_ms=CAP_MS, preroll_ms=PREROLL_MS),
         conversation=ConversationSettings(max_reply_tokens=24),
     )
     app = create_app(config, pipeline=build_pipeline(config))

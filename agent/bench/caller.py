@@ -36,10 +36,12 @@ from typing import Any
 import av
 import httpx
 import numpy as np
-from aiortc import MediaStreamTrack, RTCRtpSender, RTCSessionDescription
+from aiortc import MediaStreamTrack, RTCRtpReceiver, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtp import RtpPacket
 
 from agent.bench.speech import MIC_RATE, resample
+from media.aiortc_internals import watch_rtp_packets
 from media.peer import new_peer_connection
 
 LOUD = 100  # |sample| above this (-50 dBFS) is sound; codecs decode digital silence to ~0
@@ -388,21 +390,19 @@ class BenchCaller:
         self._time_packets(receiver)
         self._tasks.append(asyncio.ensure_future(self._listen(track)))
 
-    def _time_packets(self, receiver: Any) -> None:
+    def _time_packets(self, receiver: RTCRtpReceiver) -> None:
         """Note the arrival of every RTP packet, by its media time, before aiortc's jitter
-        buffer holds it (aiortc 1.16 hands each packet to `_handle_rtp_packet`)."""
-        handle = receiver._handle_rtp_packet
+        buffer holds it."""
 
-        async def timed(packet: Any, arrival_time_ms: int) -> None:
+        def timed(packet: RtpPacket) -> None:
             if self._rtp_origin is None:
                 self._rtp_origin = packet.timestamp
             media_time = (packet.timestamp - self._rtp_origin) & 0xFFFFFFFF
             self._rtp_arrivals.setdefault(media_time, time.monotonic())
             while len(self._rtp_arrivals) > _RTP_KEPT:
                 self._rtp_arrivals.popitem(last=False)
-            await handle(packet, arrival_time_ms)
 
-        receiver._handle_rtp_packet = timed
+        watch_rtp_packets(receiver, timed)
 
     def _arrival(self, frame: av.AudioFrame) -> float:
         """When the packet of this decoded frame arrived (its decoding, if it is unknown)."""

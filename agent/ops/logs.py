@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -22,7 +21,6 @@ CALL_ID: ContextVar[str | None] = ContextVar("omnivox_call_id", default=None)
 TURN_ID: ContextVar[str | None] = ContextVar("omnivox_turn_id", default=None)
 
 FORMATS = ("text", "json")
-FORMAT_ENV = "OMNIVOX_LOG_FORMAT"
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s%(ids)s: %(message)s"
 
 
@@ -96,15 +94,6 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
-def resolve_format(chosen: str | None) -> str:
-    """The format asked for on the command line, else in OMNIVOX_LOG_FORMAT, else text."""
-    value = (chosen or os.environ.get(FORMAT_ENV) or "text").strip().lower()
-    if value not in FORMATS:
-        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {value!r} "
-                         f"(from {'--log-format' if chosen else FORMAT_ENV})")
-    return value
-
-
 def handler(log_format: str, stream: TextIO | None = None) -> logging.Handler:
     """A handler writing records in `log_format` (text or json), tagged with call and turn."""
     out = logging.StreamHandler(stream)  # None: stderr
@@ -113,8 +102,8 @@ def handler(log_format: str, stream: TextIO | None = None) -> logging.Handler:
     return out
 
 
-def configure(level: str, log_format: str | None = None) -> None:
+def configure(level: str, log_format: str = "text") -> None:
     """Send every record of this process (uvicorn's too, when it is run without its own
     log_config) through one handler on stderr, replacing any there was."""
-    logging.basicConfig(level=level.upper(), handlers=[handler(resolve_format(log_format))],
+    logging.basicConfig(level=level.upper(), handlers=[handler(log_format)],
                         force=True)
