@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench.calls import Plan, run_level
 from agent.bench.calls_report import summarise
+from agent.bench.level import Plan
+from agent.bench.load import run_level
 from agent.bench.server import ServerProcess, ServerWatch
 from agent.bench.speech import utterance_wavs
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fractions
 import json
 import time
 from collections import Counter, OrderedDict, deque
@@ -40,6 +39,7 @@ from aiortc import MediaStreamTrack, RTCRtpReceiver, RTCRtpSender, RTCSessionDes
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtpPacket
 
+from agent.bench.microphone import Microphone, Utterance
 from agent.bench.speech import MIC_RATE, resample
 from media.aiortc_internals import watch_rtp_packets
 from media.peer import new_peer_connection
@@ -74,71 +74,6 @@ class Heard:
     @property
     def loud_until(self) -> float | None:
         return None if self.last_loud is None else self.at + self.last_loud
-
-
-MIC_FRAME = MIC_RATE // 50  # 20 ms
-MAX_LAG_S = 0.1  # a microphone this far behind its clock (a starved loop) re-anchors
-
-
-@dataclass
-class Utterance:
-    """Something the caller said: when it started and ended on the media timeline."""
-
-    samples: int  # at MIC_RATE
-    onset: float | None = None
-    end: float | None = None
-
-    @property
-    def padding_s(self) -> float:
-        """Silence that fills out the utterance's last 20 ms frame."""
-        return (-self.samples % MIC_FRAME) / MIC_RATE
-
-
-class Microphone(MediaStreamTrack):
-    """The caller's voice as an aiortc track: 20 ms frames of 16 kHz mono on an absolute clock,
-    the utterance being said or silence; `on_edge(True/False)` when speech starts or ends."""
-
-    kind = "audio"
-
-    def __init__(self, on_edge: Callable[[bool], None]) -> None:
-        super().__init__()
-        self.on_edge = on_edge
-        self._pending = np.zeros(0, np.int16)
-        self._speaking = False
-        self._start: float | None = None
-        self._index = 0
-
-    def say(self, pcm: np.ndarray) -> None:
-        """Say `pcm` (16 kHz) from the next frame on, after whatever is still being said."""
-        self._pending = np.concatenate([self._pending, pcm.astype(np.int16)])
-
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        else:
-            self._index += 1
-            due = self._start + self._index * 0.02
-            if now - due > MAX_LAG_S:
-                self._start = now - self._index * 0.02
-            elif due > now:
-                await asyncio.sleep(due - now)
-        chunk, self._pending = self._pending[:MIC_FRAME], self._pending[MIC_FRAME:]
-        if chunk.size and not self._speaking:
-            self._speaking = True
-            self.on_edge(True)
-        elif not chunk.size and self._speaking:
-            self._speaking = False
-            self.on_edge(False)
-        if chunk.size < MIC_FRAME:
-            chunk = np.pad(chunk, (0, MIC_FRAME - chunk.size))
-        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = MIC_RATE
-        frame.pts = self._index * MIC_FRAME
-        frame.time_base = fractions.Fraction(1, MIC_RATE)
-        return frame
 
 
 class BenchCaller:
