@@ -47,7 +47,7 @@ SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory; the lock is taken
 _MAGIC = 0x316F76696E6D6F  # "omnivo1", little-endian
 _VERSION = 1
 _HEADER_WORDS = 8  # magic, version, block_count, block_size, stride, data_offset, 2 spare
-_RECORD_WORDS = 4  # per block: state, owner, generation, spare
+_RECORD_WORDS = 4  # per block: state, owner, generation, taken (by a reader, `take_view`)
 _FREE, _HELD = 0, 1
 _ALIGN = 64  # every block starts on a cache line, which also aligns any dtype
 _INLINE_COPY_MAX = 1 << 20  # async put() copies larger tensors in a thread, off the event loop
@@ -121,6 +121,7 @@ class BlockPool:
         self._stride, self._data_offset = int(words[4]), int(words[5])
         table = np.ndarray((self.block_count, _RECORD_WORDS), np.int64, shm.buf, 8 * _HEADER_WORDS)
         self._state, self._owner, self._gen = table[:, 0], table[:, 1], table[:, 2]
+        self._taken = table[:, 3]
 
     @classmethod
     def create(cls, name: str, block_count: int, block_size: int, *, owner: int = 1) -> BlockPool:
@@ -242,6 +243,13 @@ class BlockPool:
         self._open(ref)
         return array_at(self._buf, self._offset(ref.block), ref.dtype, ref.shape)
 
+    def take_view(self, ref: BlockRef) -> np.ndarray:
+        """A view, as `view`, of a block this reader takes over: it releases the block itself
+        after its last read, and its sender's `release_unless_taken` leaves it alone."""
+        numpy_dtype(ref.dtype)
+        self._open(ref, taken=True)
+        return array_at(self._buf, self._offset(ref.block), ref.dtype, ref.shape)
+
     def view_torch(self, ref: BlockRef) -> torch.Tensor:
         """A zero-copy CPU torch view of the tensor in `ref`'s block; this owner now holds it."""
         self._open(ref)
@@ -255,13 +263,14 @@ class BlockPool:
 
     def release_unless_taken(self, ref: BlockRef | None) -> bool:
         """Release a block this handle wrote for a reader, unless the reader has taken it over
-        (viewed it: it releases the block itself after its last read) or it is gone already.
-        The sender's way to end a job: it never frees a block under a reader still reading."""
+        (`take_view`: it releases the block itself after its last read) or it is gone already.
+        The sender's way to end a job: it never frees a block under a reader still reading.
+        (A reader that only `view`s a job's block leaves its release to the sender.)"""
         if ref is None or not 0 <= ref.block < self.block_count:
             return False
         with self._lock:
             if (self._state[ref.block] != _HELD or self._gen[ref.block] != ref.generation
-                    or self._owner[ref.block] != self.owner):
+                    or self._taken[ref.block]):
                 return False
             self._free(ref.block)
         return True
@@ -285,7 +294,7 @@ class BlockPool:
         """Detach this process; the segment lives on until its creator unlinks it."""
         if self._lock.fd < 0:
             return
-        del self._state, self._owner, self._gen, self._buf  # they pin the mapping
+        del self._state, self._owner, self._gen, self._taken, self._buf  # they pin the mapping
         os.close(self._lock.fd)
         self._lock.fd = -1
         try:
@@ -325,9 +334,10 @@ class BlockPool:
         """Mark blocks free (lock held); generation first, so a death midway revives no ref."""
         self._gen[blocks] += 1
         self._owner[blocks] = 0
+        self._taken[blocks] = 0
         self._state[blocks] = _FREE
 
-    def _open(self, ref: BlockRef) -> None:
+    def _open(self, ref: BlockRef, taken: bool = False) -> None:
         """Check that `ref` is current and make this handle's owner the block's holder."""
         self._check_fits(ref.nbytes, ref.dtype, ref.shape)
         if itemsize(ref.dtype) * math.prod(ref.shape) != ref.nbytes:
@@ -335,6 +345,8 @@ class BlockPool:
         with self._lock:
             self._check_current(ref, "view")
             self._owner[ref.block] = self.owner
+            if taken:
+                self._taken[ref.block] = 1
 
     def _check_current(self, ref: BlockRef, action: str) -> None:
         if not 0 <= ref.block < self.block_count:

@@ -202,7 +202,7 @@ class StageContext:
             return
         views: list[np.ndarray] = []
         try:
-            views.extend(self.pool.view(ref) for ref in refs)  # each now held by this stage
+            views.extend(self.pool.take_view(ref) for ref in refs)  # each now this stage's
             yield views[0] if len(views) == 1 else np.concatenate(views)
         finally:
             views.clear()  # no view of ours outlives its block

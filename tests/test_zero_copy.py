@@ -127,9 +127,11 @@ async def test_read_tensors_joins_several_pieces_and_releases_each(pool: BlockPo
 def test_the_sender_never_frees_a_block_its_reader_has_taken(pool: BlockPool) -> None:
     reader = BlockPool.attach(pool.name, owner=2)
     try:
-        taken, untaken = pool.write(np.ones(3), 1), pool.write(np.ones(3), 1)
-        view = reader.view(taken)  # the reader now holds the block until its last read
+        taken, viewed, untaken = (pool.write(np.ones(3), 1) for _ in range(3))
+        view = reader.take_view(taken)  # the reader now holds the block until its last read
         assert not pool.release_unless_taken(taken), "the job ended; the reader still reads"
+        reader.view(viewed)  # read, not taken over: its release stays with the sender
+        assert pool.release_unless_taken(viewed)
         others = _overwrite_every_free_block(pool)
         assert view.tolist() == [1.0, 1.0, 1.0]
         del view
