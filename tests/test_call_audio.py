@@ -3,7 +3,6 @@ reaches it, G.711 callers work the same, and bad data-channel messages get error
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +10,14 @@ import pytest
 
 from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
 from tests.media_servers import call_of
+from tests.product_calls import wait_until
 from tests.responder import TONE_HZ
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 TOLERANCE_MS = 150
+JITTER_BUFFER_FRAMES = 16  # aiortc's audio jitter buffer (capacity 16 packets)
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +64,22 @@ async def test_speech_detected_at_its_position_and_answered(
         assert abs(stopped["audio_end_ms"] - end_ms) <= TOLERANCE_MS, (stopped, end_ms)
         assert started["item_id"] == stopped["item_id"]
         assert len(caller.of_type("input_audio_buffer.speech_started")) == 1
-        # The test responder plays 1 s of tone once the utterance closes.
-        await asyncio.sleep(2.0)
+        # The test responder plays 1 s of tone once the utterance closes: wait until the
+        # server's track has played it out, then until the caller has decoded more frames than
+        # its jitter buffer holds, so that every frame sent before then has reached it.
+        server_call = call_of(media_server, caller)
+        outbound = server_call.outbound
+        await wait_until(lambda: outbound.played_ms >= 900 and not outbound.playing
+                         and not outbound.queued_ms, 15, "the server to play the tone out")
+        received = len(caller.received)
+        await wait_until(lambda: len(caller.received) > received + JITTER_BUFFER_FRAMES, 15,
+                         "the caller to receive what was in flight")
         heard = caller.received_pcm()
         loud = np.flatnonzero(np.abs(heard) > 1000)
         assert loud.size > 0.5 * 48_000, "the agent's tone did not reach the caller"
         assert abs(dominant_hz(heard[loud[0] : loud[-1]]) - TONE_HZ) < 5
         # The server encoded it itself, for the negotiated codec (media/encoded_audio.py), and
         # stamped the packets 20 ms apart on the codec's clock.
-        server_call = call_of(media_server, caller)
         track = next(s.track for s in server_call.pc.getSenders() if s.kind == "audio")
         assert type(track.encoder).__name__ == ENCODERS[codecs]
         steps = np.diff(caller.received_pts)

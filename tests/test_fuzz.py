@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -42,6 +42,7 @@ FUZZ = settings(
 )
 MAX_EVENT_BYTES = 16 * 1024  # the data-channel fuzz server's limit, so "too large" is reachable
 CLIENT_TYPES = sorted(client_event_models())
+FENCES = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -293,19 +294,26 @@ async def test_every_data_channel_message_gets_one_answer(
         await send_raw_text(fuzz_caller, payload)
     else:
         fuzz_caller.channel.send(payload)
+    # A fence: a message of its own behind this one on the (ordered) channel. The server
+    # handles messages one at a time, in order, and answers on an ordered channel, so once the
+    # fence's error has arrived every answer to the message before it has too.
+    fence = f"fence_{next(FENCES)}"
+    fuzz_caller.send({"type": "fence.unknown", "event_id": fence})
 
-    def outcomes() -> int:
-        return len(fuzz_caller.of_type("error")) - errors + len(responder.client_events) - handled
+    def fenced() -> bool:
+        return any(e["error"].get("event_id") == fence for e in fuzz_caller.of_type("error"))
 
-    await wait_until(lambda: outcomes() > 0, 15, "an answer to the message")
-    await asyncio.sleep(0)  # a second answer to the same message would be here by now
-    assert outcomes() == 1
-    refused = len(fuzz_caller.of_type("error")) == errors + 1
+    await wait_until(fenced, 15, "the fence's error (every answer to the message before it)")
+    answers = fuzz_caller.of_type("error")[errors:]
+    assert answers[-1]["error"]["event_id"] == fence, answers  # nothing after the fence's
+    assert len(answers) - 1 + len(responder.client_events) - handled == 1, (
+        answers, responder.client_events[handled:])
+    refused = len(answers) == 2  # an error of its own, then the fence's
     event(f"{kind}: {'error event' if refused else 'handled'}")
     if kind in ("refused", "not_utf8", "too_large"):
         assert refused
     if kind == "too_large":
-        assert fuzz_caller.of_type("error")[-1]["error"]["code"] == "message_too_large"
+        assert answers[0]["error"]["code"] == "message_too_large"
 
 
 async def test_the_fuzzed_call_still_works(
@@ -317,6 +325,7 @@ async def test_the_fuzzed_call_still_works(
     await fuzz_caller.wait_for("input_audio_buffer.speech_stopped", timeout=20)
     fuzz_caller.send({"type": "input_audio_buffer.clear", "event_id": "evt_after"})
     responder = responder_of(fuzz_server, fuzz_caller)
-    await wait_until(lambda: responder.client_events[-1].event_id == "evt_after", 15,
+    await wait_until(lambda: bool(responder.client_events)
+                     and responder.client_events[-1].event_id == "evt_after", 15,
                      "the event after the fuzz")
     assert responder.utterances, "the call's speech reached its handler"
