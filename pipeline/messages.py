@@ -82,11 +82,13 @@ class Ready(msgspec.Struct, frozen=True, tag="ready"):
 
 
 class Heartbeat(msgspec.Struct, frozen=True, tag="heartbeat"):
-    """The worker's event loop is alive; `active` jobs are being served."""
+    """The worker's event loop is alive; `active` jobs are being served, `served` jobs have
+    finished with a complete output since it started."""
 
     stage: str
     pid: int
     active: int
+    served: int = 0
 
 
 class Broken(msgspec.Struct, frozen=True, tag="broken"):

@@ -17,12 +17,19 @@ TENSOR_CONSUMERS = {"thinker": "talker"}
 class RestartPolicy(BaseModel):
     """How the supervisor watches and restarts stage workers."""
 
-    max_attempts: int = Field(3, ge=1, description="failed starts in a row before 'failed'")
+    max_attempts: int = Field(
+        3, ge=1, description="failed starts in a row, or workers lost after a good start with "
+        "no request served in between, before 'failed'")
     backoff_s: float = Field(0.5, gt=0, description="first wait before a restart; doubles")
     backoff_max_s: float = Field(10.0, gt=0)
     start_timeout_s: float = Field(300.0, gt=0, description="a worker must be ready by then")
     heartbeat_s: float = Field(0.5, gt=0, description="how often a worker says it is alive")
-    heartbeat_timeout_s: float = Field(10.0, gt=0, description="silence that counts as hung")
+    heartbeat_timeout_s: float = Field(
+        10.0, gt=0, description="silence that counts as hung, unless the worker was waiting "
+        "for a CPU all along (starved: see starved_grace_s)")
+    starved_grace_s: float = Field(
+        30.0, ge=0, description="how much longer a silent worker that is starved of CPU, not "
+        "hung, is left running before it is replaced")
     stop_timeout_s: float = Field(10.0, gt=0, description="graceful stop before SIGKILL")
 
 

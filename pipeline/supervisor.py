@@ -6,8 +6,11 @@ worker through its process sentinel and its heartbeats. When a worker dies, hang
 `Broken` (alive, but its engine died) or is found stuck by its clients (`replace`: no output
 for any request for the stall timeout): its in-flight requests are failed (`on_lost`), its whole
 process group is killed (no orphaned engine processes), its pool blocks are reclaimed, and
-after a back-off a new one is started.
-Consecutive failed starts past `max_attempts` mark the stage failed, with the reason, and
+after a back-off a new one is started. A worker silent past the heartbeat timeout is hung
+unless the kernel says it was waiting for a CPU (starved: `schedstat`); a starved one is given
+up to `starved_grace_s` more before it is replaced.
+`max_attempts` failed starts in a row, or as many workers lost after a good start with no
+request served in between (a crash loop), mark the stage failed, with the reason, and
 `on_failed` tells the pipeline's owner (a failed stage is never restarted: calls must hear of it).
 """
 
@@ -28,6 +31,7 @@ from multiprocessing.process import BaseProcess
 import zmq
 import zmq.asyncio
 
+from pipeline import schedstat
 from pipeline.messages import Broken, Heartbeat, Ready, StartFailed, control_decoder
 from pipeline.settings import RestartPolicy
 from pipeline.shm import BlockPool
@@ -60,6 +64,7 @@ class StageStatus:
     restarts: int = 0
     pid: int | None = None
     active: int = 0  # jobs in flight, from the last heartbeat
+    served: int = 0  # jobs the current worker has served, from its heartbeats
 
 
 class _Slot:
@@ -72,6 +77,7 @@ class _Slot:
         self.exited: asyncio.Future[None] | None = None  # of the current process
         self.started: asyncio.Future[Ready | StartFailed] | None = None
         self.last_beat = 0.0
+        self.quiet_since: schedstat.SchedSample | None = None  # at the last beat, or verdict
         self.broken: str | None = None  # the running worker can serve no more: why
         self.settled = asyncio.Event()  # ready or failed: start() waits for this
 
@@ -130,8 +136,14 @@ class Supervisor:
             slot.broken = reason
 
     async def _watch(self, slot: _Slot) -> None:
-        """Keep one stage's worker running, restarting it with back-off."""
-        failures = 0
+        """Keep one stage's worker running, restarting it with back-off.
+
+        Two counts in a row give a stage up at `max_attempts`: failed starts (reset by a good
+        start), and workers lost after a good start (reset by a lost worker that had served a
+        request): a worker that starts and then dies, or hangs, before serving anything would
+        otherwise be restarted for ever. Either count doubles the back-off.
+        """
+        failures = losses = 0
         while True:
             reason = await self._start_worker(slot)
             if reason is None:  # ready
@@ -139,22 +151,31 @@ class Supervisor:
                 slot.update(state=StageState.READY, reason="")
                 slot.settled.set()
                 reason = await self._until_lost(slot)
+                losses = 1 if slot.status.served else losses + 1
+                strikes, what = losses, "lost with no request served in between"
             else:
                 failures += 1
+                strikes, what = failures, "failed starts in a row"
             logger.error("stage %s: %s", slot.spec.stage, reason)
             slot.update(state=StageState.RESTARTING, reason=reason, active=0)
             self.on_lost(slot.spec.stage, reason)
             await self._bury(slot, 0.0)
-            if failures >= self.policy.max_attempts:
-                slot.update(state=StageState.FAILED, pid=None,
-                            reason=f"{reason} ({failures} failed starts in a row)")
-                slot.settled.set()
-                if self.on_failed is not None:
-                    self.on_failed(slot.spec.stage, slot.status.reason)
+            if strikes >= self.policy.max_attempts:
+                self._fail(slot, f"{reason} ({strikes} {what})")
                 return
             slot.update(pid=None, restarts=slot.status.restarts + 1)
-            await asyncio.sleep(min(self.policy.backoff_s * 2 ** max(failures - 1, 0),
-                                    self.policy.backoff_max_s))
+            backoff = min(self.policy.backoff_s * 2 ** (strikes - 1), self.policy.backoff_max_s)
+            logger.info("stage %s: restart %d in %.2f s", slot.spec.stage, slot.status.restarts,
+                        backoff)
+            await asyncio.sleep(backoff)
+
+    def _fail(self, slot: _Slot, reason: str) -> None:
+        """Give the stage up: it stays failed, and the pipeline's owner hears of it."""
+        logger.error("stage %s given up: %s", slot.spec.stage, reason)
+        slot.update(state=StageState.FAILED, pid=None, reason=reason)
+        slot.settled.set()
+        if self.on_failed is not None:
+            self.on_failed(slot.spec.stage, reason)
 
     async def _start_worker(self, slot: _Slot) -> str | None:
         """Spawn the worker and wait until it is ready; None, or why it did not start."""
@@ -164,8 +185,8 @@ class Supervisor:
         process = _SPAWN.Process(target=worker_main, args=(spec,), name=f"omnivox-{spec.stage}")
         process.start()  # a few ms: fork/exec and a small pickle; the import runs in the child
         slot.process, slot.exited, slot.last_beat = process, _exit_future(process), loop.time()
-        slot.broken = None
-        slot.update(pid=process.pid)
+        slot.broken, slot.quiet_since = None, None
+        slot.update(pid=process.pid, served=0)
         done, _ = await asyncio.wait([slot.started, slot.exited],
                                      timeout=self.policy.start_timeout_s,
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -189,7 +210,33 @@ class Supervisor:
                 return f"{slot.broken}; worker replaced"
             silent = loop.time() - slot.last_beat
             if silent > self.policy.heartbeat_timeout_s:
-                return f"no heartbeat for {silent:.1f} s (hung); killed"
+                hung = self._judge_silence(slot, silent)
+                if hung is not None:
+                    return hung
+
+    def _judge_silence(self, slot: _Slot, silent: float) -> str | None:
+        """Why a worker silent past the heartbeat timeout is lost, or None while it is only
+        starved of CPU (within the grace). Judged on each heartbeat timeout's worth of
+        silence in turn: a worker that stops waiting for a CPU is hung from then on."""
+        policy, pid = self.policy, slot.status.pid
+        now = schedstat.sample(pid) if pid is not None else None
+        start = slot.quiet_since
+        if now is None or start is None:  # no figures here: silence alone decides
+            return f"no heartbeat for {silent:.1f} s (hung); killed"
+        past_grace = silent > policy.heartbeat_timeout_s + policy.starved_grace_s
+        if not past_grace and now.at - start.at < policy.heartbeat_timeout_s:
+            return None  # starved at the last verdict; this window is not over yet
+        silence = schedstat.judge(start, now)
+        if silence.verdict == schedstat.Verdict.HUNG:
+            return f"no heartbeat for {silent:.1f} s, hung ({silence}); killed"
+        if past_grace:
+            return (f"no heartbeat for {silent:.1f} s, starved of CPU past the "
+                    f"{policy.starved_grace_s:g} s grace ({silence}); killed")
+        logger.warning("stage %s: no heartbeat for %.1f s, but starved of CPU, not hung (%s): "
+                       "left running, up to %g s of silence", slot.spec.stage, silent, silence,
+                       policy.heartbeat_timeout_s + policy.starved_grace_s)
+        slot.quiet_since = now
+        return None
 
     async def _bury(self, slot: _Slot, grace_s: float) -> None:
         """Make sure the worker and its whole group are gone; reclaim the blocks it held."""
@@ -217,9 +264,10 @@ class Supervisor:
             if slot is None or slot.status.pid != msg.pid:
                 continue  # from a worker already replaced
             slot.last_beat = loop.time()  # Ready counts too: the start may outlast the timeout
+            slot.quiet_since = schedstat.sample(msg.pid)  # where a silence would start
             if isinstance(msg, Heartbeat):
-                if msg.active != slot.status.active:
-                    slot.update(active=msg.active)
+                if (msg.active, msg.served) != (slot.status.active, slot.status.served):
+                    slot.update(active=msg.active, served=msg.served)
             elif isinstance(msg, Broken):
                 slot.broken = msg.reason
             elif slot.started is not None and not slot.started.done():

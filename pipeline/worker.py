@@ -187,6 +187,7 @@ class JobServer:
         self.jobs: dict[str, asyncio.Task[None]] = {}
         self._chores: set[asyncio.Task[None]] = set()
         self._broken = False  # the stage's failure has been logged
+        self.served = 0  # jobs that ended with a complete output (the supervisor's loss count)
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Receive and dispatch messages until `stop` is set (or the receive loop breaks)."""
@@ -283,6 +284,8 @@ class JobServer:
         finished, unsent = False, None
         try:
             async for output in self.stage.stream(job):
+                if output.finished and getattr(output, "finish_reason", None) != "abort":
+                    await self._count_served()
                 unsent = output
                 await self.router.send_multipart([identity, encode(output)])
                 unsent = None
@@ -343,19 +346,29 @@ class JobServer:
         except zmq.ZMQError as exc:
             logger.warning("reply to a vanished client dropped: %s", exc)
 
+    async def _count_served(self) -> None:
+        """One more job served (its last output about to leave). The first is told at once,
+        before that output: a worker lost right after serving must not count as one that
+        served nothing (the supervisor gives up on those)."""
+        self.served += 1
+        if self.served == 1:
+            await self._beat()
+
     async def _heartbeat(self) -> None:
-        """Beat from the event loop itself, so a blocked loop reads as a hung worker; once the
-        stage can serve no more (its engine died), say `Broken` instead, every beat."""
-        pid = os.getpid()
+        """Beat from the event loop itself, so a blocked loop reads as a hung worker."""
         while True:
-            failure = self._failure()
-            if failure is None:
-                beat = encode(Heartbeat(self.spec.stage, pid, len(self.jobs)))
-            else:
-                beat = encode(Broken(self.spec.stage, pid, failure))
-            with contextlib.suppress(zmq.Again):  # the supervisor is busy: the next beat will do
-                await self.control.send(beat, flags=zmq.NOBLOCK)
+            await self._beat()
             await asyncio.sleep(self.spec.heartbeat_s)
+
+    async def _beat(self) -> None:
+        """One heartbeat; once the stage can serve no more (its engine died), `Broken`."""
+        pid, failure = os.getpid(), self._failure()
+        if failure is None:
+            beat = encode(Heartbeat(self.spec.stage, pid, len(self.jobs), self.served))
+        else:
+            beat = encode(Broken(self.spec.stage, pid, failure))
+        with contextlib.suppress(zmq.Again):  # the supervisor is busy: the next beat will do
+            await self.control.send(beat, flags=zmq.NOBLOCK)
 
     def _failure(self) -> str | None:
         try:
