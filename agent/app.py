@@ -1,4 +1,5 @@
-"""The FastAPI application: health, signalling and the web page, in one async worker."""
+"""The FastAPI application: health, signalling and the web page, in one async worker, and the
+server that runs it and drains it on SIGTERM."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import asyncio
 import contextlib
 import gc
 import logging
+import signal
+import time
 from collections.abc import AsyncIterator
+from types import FrameType
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.config import STARTUP_FAILURE
 
 from agent.api import auth
 from agent.api.records_route import router as records_router
@@ -84,11 +91,12 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz(request: Request) -> JSONResponse:
-        """200 when every stage can take a call; else 503 naming the stage and why."""
+        """200 when every stage can take a call; else 503 naming the stage and why, or saying
+        that the server is draining."""
         readiness: Readiness = request.app.state.readiness
         ready = readiness.ready()
         body = {
-            "status": "ready" if ready else "not_ready",
+            "status": readiness.status(),
             "detail": readiness.summary(),
             "stages": readiness.stages(),
             "calls": len(request.app.state.calls),
@@ -96,8 +104,91 @@ def create_app(
         return JSONResponse(body, status_code=200 if ready else 503)
 
     auth.install(app, settings)  # API keys, client secrets, CORS; before the page mount
+    if settings.location_prefix:  # added last, so outermost: authentication sees /v1/...
+        app.add_middleware(StripPrefix, prefix=settings.location_prefix)
     app.include_router(signalling_router)
     app.include_router(records_router)
     app.include_router(metrics_router)
     app.mount("/", StaticFiles(directory=settings.web_dir, html=True), name="web")
     return app
+
+
+class StripPrefix:
+    """ASGI middleware: a request whose path starts with this server's `location_prefix` is
+    served as if it had come without it (a router that does not strip the prefix, or a client
+    reaching the server directly with a call's Location)."""
+
+    def __init__(self, app: ASGIApp, prefix: str) -> None:
+        self.app = app
+        self.prefix = prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] in ("http", "websocket") and path.startswith(self.prefix + "/"):
+            scope = dict(scope, path=path[len(self.prefix):])
+            raw = scope.get("raw_path")
+            if isinstance(raw, bytes) and raw.startswith(self.prefix.encode() + b"/"):
+                scope["raw_path"] = raw[len(self.prefix):]
+        await self.app(scope, receive, send)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server that drains on SIGTERM: new calls are refused (503 `server_draining`)
+    and /readyz says so while the live calls go on, until they have all ended or
+    `drain_timeout_s` has passed; then it stops as uvicorn does (the app's shutdown closes the
+    calls left, `server_shutdown`, and stops the workers). A second SIGTERM, or SIGINT at any
+    time, stops at once."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.drain_timeout_s = drain_timeout_s
+        self.drain_deadline: float | None = None
+        self._drain_announced = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.drain_deadline is None and not self.should_exit:
+            # Not recorded as a captured signal: uvicorn would raise it again after the stop.
+            # Only flags here (a signal handler); the main loop's tick does the rest.
+            self.drain_deadline = time.monotonic() + self.drain_timeout_s
+            self.app.state.readiness.drain()
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_deadline is not None and not self.should_exit:
+            self.should_exit = self._drained()
+        return await super().on_tick(counter)
+
+    def _drained(self) -> bool:
+        """Whether the drain is over: no call left, or the bound has passed."""
+        live = len(self.app.state.calls)
+        if not self._drain_announced:
+            self._drain_announced = True
+            log.info("SIGTERM: draining, %d live call(s), at most %.0f s; new calls refused",
+                     live, self.drain_timeout_s)
+        if live == 0:
+            log.info("drained: no live call left, stopping")
+            return True
+        if time.monotonic() >= (self.drain_deadline or 0.0):
+            log.warning("drain bound of %.0f s passed: closing %d live call(s)",
+                        self.drain_timeout_s, live)
+            return True
+        return False
+
+
+def run_server(app: FastAPI, settings: Settings) -> int:
+    """Serve `app` in this process until it is told to stop (SIGTERM drains first); the exit
+    status: 0, or uvicorn's startup failure (3: the port is taken, the app did not start)."""
+    # One worker on purpose: the engines live once per host, behind this process.
+    # log_config=None: uvicorn's records go through our handler, in the chosen format.
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, workers=1,
+                            log_level=settings.log_level, log_config=None)
+    server = DrainingServer(config, app, settings.drain_timeout_s)
+    # uvicorn raises a stopping signal again once stopped, to the handler that was there before
+    # its own: for a second SIGTERM, ours makes that a clean exit 0 rather than death by signal.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    # uvicorn raises SIGINT again once stopped; as uvicorn.run does, that ends the run quietly.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0 if server.started else STARTUP_FAILURE

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -151,22 +150,15 @@ def pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
-
-    from agent.app import create_app
+    from agent.app import create_app, run_server
     from agent.profiles import build_pipeline
 
     app = create_app(settings, pipeline=build_pipeline(settings, pipeline_overrides(args)))
     print(f"omnivox: serving profile {settings.profile!r} at "
           f"http://{settings.host}:{settings.port}/")
-    # uvicorn stops gracefully on SIGTERM (calls closed, workers stopped), then re-raises the
-    # signal to whatever handler was there before it: ours makes that stop a clean exit 0.
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    # One worker on purpose: the engines live once per host, behind this process.
-    # log_config=None: uvicorn's records go through our handler, in the chosen format.
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1,
-                log_level=settings.log_level, log_config=None)
-    return 0
+    # SIGTERM drains (new calls refused, live ones go on up to drain_timeout_s), then stops
+    # gracefully (calls closed, workers stopped) and exits 0.
+    return run_server(app, settings)
 
 
 def build_models(args: argparse.Namespace, settings: Settings) -> int:

@@ -111,6 +111,17 @@ class Settings(BaseSettings):
     cors_origins: CommaList = Field(
         default_factory=list, description="origins allowed cross-origin, comma-separated"
     )
+    # Deployment past one host (README, Deployment): a call lives in one server process, so its
+    # later requests must reach that process. Behind a router with one path per server
+    # (/pods/<name>/...), the Location of a call names that path; requests arrive with or
+    # without it (the router strips it).
+    location_prefix: str = Field(
+        "", pattern=r"^(/[A-Za-z0-9._~-]+)*$",
+        description="path before a call's path in its Location, e.g. /pods/omnivox-0",
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM, how long live calls may go on before they are closed"
+    )
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

@@ -41,6 +41,8 @@ router = APIRouter()
 PROTECTED_PREFIX = "/v1"
 CALLS_PATH = "/v1/realtime/calls"
 CALL_PATH = re.compile(r"^/v1/realtime/calls/([^/]+)$")
+# A placed call's Location: its path, after the server's `location_prefix` when one is set.
+CALL_LOCATION = re.compile(r"^(?:/[^/?#]+)*/v1/realtime/calls/([^/?#]+)$")
 SECRET_PREFIX = "ek_"  # OpenAI's ephemeral keys look the same
 MAX_MINT_BODY_BYTES = 16 * 1024
 # The environment variables `omnivox serve` reads, and the settings they fill.
@@ -213,7 +215,7 @@ class BearerAuth:
             if message["type"] == "http.response.start" and message["status"] == 201:
                 headers = dict(message.get("headers", []))
                 location = headers.get(b"location", b"").decode("latin-1")
-                placed = CALL_PATH.match(location)
+                placed = CALL_LOCATION.match(location)
                 call_id = placed[1] if placed else None
             await send(message)
 

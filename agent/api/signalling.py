@@ -44,6 +44,12 @@ def refuse(request: Request, status: int, code: str, message: str, **headers: st
     return json_error(status, code, message, **headers)
 
 
+def call_location(prefix: str, call_id: str) -> str:
+    """The call's path for its later requests; `prefix` routes them to this server when
+    several sit behind one address (README, Deployment)."""
+    return f"{prefix}/v1/realtime/calls/{call_id}"
+
+
 @router.post("/v1/realtime/calls", status_code=201)
 async def create_call(request: Request) -> Response:
     """Answer a caller's SDP offer and start the call."""
@@ -62,6 +68,9 @@ async def create_call(request: Request) -> Response:
     except SdpError as exc:
         return json_error(400, "invalid_sdp", str(exc))
     readiness = request.app.state.readiness
+    if readiness.draining:  # told to stop: the caller should retry, on another server
+        return refuse(request, 503, "server_draining", readiness.summary(),
+                      **{"Retry-After": "2"})
     if not readiness.ready():
         if readiness.failed():  # given up for good: no Retry-After, an operator must act
             return refuse(request, 503, "stage_failed", readiness.summary())
@@ -89,7 +98,7 @@ async def create_call(request: Request) -> Response:
         content=answer,
         status_code=201,
         media_type="application/sdp",
-        headers={"Location": f"/v1/realtime/calls/{call.id}"},
+        headers={"Location": call_location(settings.location_prefix, call.id)},
     )
 
 

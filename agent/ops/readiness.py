@@ -1,4 +1,5 @@
-"""Whether this server can take a call now, and if not, which stage is holding it back."""
+"""Whether this server can take a call now, and if not, which stage (or a drain) is holding it
+back."""
 
 from __future__ import annotations
 
@@ -25,11 +26,20 @@ class FailureSource(Protocol):
     def on_stage_failed(self, listener: Callable[[str, str], None]) -> None: ...
 
 
+DRAINING = "draining: shutting down, live calls go on, new calls go to another server"
+
+
 class Readiness:
-    """Readiness of every stage the server depends on (none: a media-only server)."""
+    """Readiness of every stage the server depends on (none: a media-only server), and whether
+    the server is draining (told to stop: it takes no new call, whatever its stages say)."""
 
     def __init__(self, pipeline: HealthSource | None) -> None:
         self.pipeline = pipeline
+        self.draining = False
+
+    def drain(self) -> None:
+        """From now on refuse new calls; a plain flag, so a signal handler may call it."""
+        self.draining = True
 
     def stages(self) -> dict[str, dict[str, Any]]:
         if self.pipeline is None:
@@ -42,11 +52,17 @@ class Readiness:
                 for name, s in stages.items()}
 
     def ready(self) -> bool:
-        return all(s["state"] == "ready" for s in self.stages().values())
+        return not self.draining and all(s["state"] == "ready" for s in self.stages().values())
 
     def failed(self) -> list[str]:
         """Stages given up for good (they will not be restarted: an operator must act)."""
         return [name for name, s in self.stages().items() if s["state"] == "failed"]
+
+    def status(self) -> str:
+        """`ready`, `draining` or `not_ready`: the word /readyz answers with."""
+        if self.draining:
+            return "draining"
+        return "ready" if self.ready() else "not_ready"
 
     def summary(self) -> str:
         waiting = [
@@ -54,4 +70,6 @@ class Readiness:
             for name, s in self.stages().items()
             if s["state"] != "ready"
         ]
+        if self.draining:
+            waiting.insert(0, DRAINING)
         return "; ".join(waiting) or "ready"

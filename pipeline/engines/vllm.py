@@ -60,6 +60,9 @@ class EngineSettings:
     cpu_cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND for this engine, e.g. "1"
     structured_outputs_backend: str = "xgrammar"
     disable_any_whitespace: bool = True  # compact JSON: fewer tokens for the same answer
+    # Past one GPU per stage: vLLM's own parallelism (GPUs per engine = tp x pp).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> EngineSettings:
@@ -261,6 +264,8 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         seed=settings.seed,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
         structured_outputs_config=StructuredOutputsConfig(
             backend=settings.structured_outputs_backend,
             disable_any_whitespace=settings.disable_any_whitespace,
