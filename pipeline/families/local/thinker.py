@@ -4,7 +4,8 @@ A job with audio is transcribed first (in the stage's recognizer thread) and the
 yielded before anything else; it then joins the history as the new user message. The chat-
 templated history goes to vLLM as token ids and the reply streams back as text deltas. Greedy
 decoding by default: a 135M model rambles when sampled. Replies carry no embeddings (the local
-Talker speaks from text). Block ownership: this stage releases `job.audio` once copied.
+Talker speaks from text). Block ownership: this stage reads `job.audio` in place and releases
+it once heard.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipeline.families.local.build import ASR_DIR, LLM_DIR
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from pipeline.families.local.stage_support import family_dir
 from pipeline.families.work_thread import WorkThread
+from pipeline.shm import BlockRef
 from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput
 
 logger = logging.getLogger(__name__)
@@ -64,10 +66,9 @@ class LocalThinker(Stage):
         rid = job.request_id
         self.preparing.add(rid)
         try:
-            audio = None if job.audio is None else self.ctx.take(job.audio)
             messages = list(job.messages)
-            if audio is not None:
-                transcript = await self.hearing.run(self.recognizer.transcribe, audio)
+            if job.audio is not None:
+                transcript = await self.hearing.run(self._hear, job.audio)
                 yield ThinkerOutput(rid, transcript=transcript)
                 if not transcript:
                     yield ThinkerOutput(rid, finished=True, finish_reason="no_speech")
@@ -86,6 +87,12 @@ class LocalThinker(Stage):
             async for delta in deltas:
                 yield ThinkerOutput(rid, text=delta.text, token_ids=delta.token_ids,
                                     finished=delta.finished, finish_reason=delta.finish_reason)
+
+    def _hear(self, audio: BlockRef) -> str:
+        """The caller's words, the audio read in place (its float conversion being its only
+        copy) and released once heard; in the hearing thread."""
+        with self.ctx.read_tensors([audio]) as samples:
+            return self.recognizer.transcribe(samples)
 
     def prompt_ids(self, messages: list[dict[str, str]], max_tokens: int) -> list[int]:
         """The chat-templated prompt's token ids; the oldest turns go when it is too long."""

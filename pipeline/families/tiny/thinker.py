@@ -6,8 +6,8 @@ straight into a pool block leased for them (`ctx.acquire_tensor`; a family whose
 on a GPU would send them with `ctx.send_tensor`, as CUDA IPC exports).
 The weights are random, so by default EOS is ignored and a reply is exactly max_tokens long;
 a job with a response_format is guided to its JSON schema and stops when the JSON is complete.
-Block ownership: this stage releases `job.audio` once encoded; whoever consumes a
-ThinkerOutput gives its `embeds` back.
+Block ownership: this stage reads `job.audio` in place and releases it once encoded; whoever
+consumes a ThinkerOutput gives its `embeds` back.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ class TinyThinker(EngineStage):
         self.max_model_len = self.engine.settings.max_model_len
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
-        audio = None if job.audio is None else self.ctx.take(job.audio)
-        prompt = await self.torch.run(self._prompt, job.messages, audio, job.max_tokens)
+        prompt = await self.torch.run(self._prompt_of, job)
         budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
         deltas = self.engine.generate(job.request_id, prompt, self._sampling(job, budget))
         async with aclosing(deltas):
@@ -62,6 +61,14 @@ class TinyThinker(EngineStage):
                 yield ThinkerOutput(job.request_id, text=delta.text, token_ids=delta.token_ids,
                                     embeds=embeds, finished=delta.finished,
                                     finish_reason=delta.finish_reason)
+
+    def _prompt_of(self, job: ThinkerJob) -> torch.Tensor:
+        """The job's prompt, its audio read in place (released once the prompt is built: the
+        prompt is a new tensor); in the torch thread."""
+        if job.audio is None:
+            return self._prompt(job.messages, None, job.max_tokens)
+        with self.ctx.read_tensors([job.audio]) as audio:
+            return self._prompt(job.messages, audio, job.max_tokens)
 
     def _prompt(self, messages: list[dict[str, str]], audio: np.ndarray | None,
                 max_tokens: int) -> torch.Tensor:
