@@ -91,10 +91,14 @@ async def test_a_call_and_its_turn_show_in_metrics(tiny_server: Served) -> None:
     assert value(after, "omnivox_shm_blocks") == blocks
     assert 0 <= value(after, "omnivox_shm_blocks_in_use") < blocks
 
-    # The event-loop monitor keeps sampling while the server runs.
-    lag = "omnivox_event_loop_lag_seconds_count"
-    assert value(after, lag) > value(before, lag) > 0
-    assert value(after, "omnivox_event_loop_lag_p99_seconds") >= 0
+    # The event-loop monitor keeps sampling while the server runs; its last minute's p99 (a
+    # gauge) is a lateness it measured: above zero (no wake-up is early), and within the
+    # histogram's bucket that holds every sample so far.
+    lag = "omnivox_event_loop_lag_seconds"
+    assert value(after, f"{lag}_count") > value(before, f"{lag}_count") > 0
+    every = min(float(dict(labels)["le"]) for (name, labels), n in after.items()
+                if name == f"{lag}_bucket" and n == value(after, f"{lag}_count"))
+    assert 0 < value(after, "omnivox_event_loop_lag_p99_seconds") <= every
 
 
 @pytest.mark.engines
