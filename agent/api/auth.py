@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agent.api.signalling import json_error, read_body
 from agent.calls.call import vad_config
 from agent.config import Settings
-from agent.realtime import payloads
+from agent.realtime.server_events import session_object
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -294,14 +294,11 @@ async def create_client_secret(request: Request) -> JSONResponse:
             429, "too_many_client_secrets", str(exc), **{"Retry-After": str(exc.retry_after_s)}
         )
     log.info("client secret minted (expires in %d s, %d outstanding)", ttl_s, len(store))
-    conversation = settings.conversation
     # OpenAI's shape needs a session id; the call is only placed later and its session.created
     # carries the call's own id (rtc_...), so this one names the minted session only.
-    session = payloads.session_object(
-        "sess_" + secrets.token_hex(12), settings.profile, conversation.instructions,
-        conversation.voice, vad_config(settings), interrupt=conversation.barge_in,
-        create_response=conversation.create_response,
-        max_output_tokens=conversation.max_reply_tokens,
+    session = session_object(
+        "sess_" + secrets.token_hex(12), settings.profile, settings.conversation,
+        vad_config(settings),
     )
     body_out: dict[str, Any] = {"value": value, "expires_at": expires_at, "session": session}
     return JSONResponse(body_out, headers={"Cache-Control": "no-store"})

@@ -21,14 +21,15 @@ from agent.config import Settings
 from agent.ops import logs
 from agent.ops.metrics import Metrics
 from agent.ops.records import CallRecords
-from agent.realtime.events import (
-    ClientEventError,
+from agent.realtime.events import ClientEventError, parse_client_event
+from agent.realtime.server_events import (
     error_event,
     new_id,
-    parse_client_event,
-    server_event,
+    session_created,
+    session_object,
+    speech_started,
+    speech_stopped,
 )
-from agent.realtime.payloads import session_object
 from media.encoded_audio import EncodedAudioTrack
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
@@ -147,15 +148,8 @@ class Call:
         describe = getattr(self.handler, "session_object", None)
         if describe is not None:
             return describe()
-        conversation = self.settings.conversation
         return session_object(
-            self.id,
-            self.settings.profile,
-            conversation.instructions,
-            conversation.voice,
-            self.vad.config,
-            interrupt=conversation.barge_in,
-            create_response=conversation.create_response,
+            self.id, self.settings.profile, self.settings.conversation, self.vad.config
         )
 
     # -- peer connection callbacks --------------------------------------------------------
@@ -177,7 +171,7 @@ class Call:
             channel.on("open", self._flush_pending)
 
     def _flush_pending(self) -> None:
-        self.send_event(server_event("session.created", session=self.session_object()))
+        self.send_event(session_created(self.session_object()))
         while self._pending:
             self.send_event(self._pending.popleft())
 
@@ -200,13 +194,7 @@ class Call:
         for event in events:
             if isinstance(event, SpeechStarted):
                 self._speech_item = new_id("item")
-                self.send_event(
-                    server_event(
-                        "input_audio_buffer.speech_started",
-                        audio_start_ms=event.audio_start_ms,
-                        item_id=self._speech_item,
-                    )
-                )
+                self.send_event(speech_started(self._speech_item, event.audio_start_ms))
                 if self.handler:
                     self.handler.on_speech_started(event, self._speech_item)
             else:
@@ -215,13 +203,7 @@ class Call:
                              self.vad.config.max_utterance_ms)
                 item_id = self._speech_item or new_id("item")
                 self._speech_item = None
-                self.send_event(
-                    server_event(
-                        "input_audio_buffer.speech_stopped",
-                        audio_end_ms=event.audio_end_ms,
-                        item_id=item_id,
-                    )
-                )
+                self.send_event(speech_stopped(item_id, event.audio_end_ms))
                 if self.handler:
                     self.handler.on_speech_stopped(event, item_id)
 

@@ -10,7 +10,7 @@ from agent.config import Settings
 from agent.ops.metrics import Metrics
 from agent.ops.readiness import FailureSource
 from agent.ops.records import CallRecords
-from agent.realtime.events import stage_failed_event
+from agent.realtime.server_events import stage_failed_event
 
 
 class CallLimitError(RuntimeError):

@@ -7,8 +7,15 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agent.realtime import payloads
-from agent.realtime.events import error_event, new_id, server_event
+from agent.realtime.server_events import (
+    conversation_item_created,
+    conversation_item_truncated,
+    error_event,
+    input_audio_buffer_cleared,
+    new_id,
+    session_updated,
+    user_text_item,
+)
 from media.vad import VadConfig
 
 if TYPE_CHECKING:
@@ -81,7 +88,7 @@ class ClientEvents:
         if vad is not None:
             live.call.vad.reconfigure(vad)
             self._apply_turn_detection(detection)
-        live.call.send_event(server_event("session.updated", session=live.session_object()))
+        live.call.send_event(session_updated(live.session_object()))
 
     def _vad_config(self, detection: Any) -> VadConfig:
         """The VAD settings `detection` asks for; ValueError if they are not valid."""
@@ -131,7 +138,7 @@ class ClientEvents:
 
     def input_audio_buffer_clear(self, event: Any) -> None:
         self.session.call.vad.clear()
-        self.session.call.send_event(server_event("input_audio_buffer.cleared"))
+        self.session.call.send_event(input_audio_buffer_cleared())
 
     def conversation_item_create(self, event: Any) -> None:
         item = event.item
@@ -148,9 +155,7 @@ class ClientEvents:
         item_id = item.id or new_id("item")
         text = " ".join(texts)
         self.session.conversation.add(item_id, "user", text)
-        self.session.call.send_event(
-            server_event("conversation.item.created", item=payloads.user_text_item(item_id, text))
-        )
+        self.session.call.send_event(conversation_item_created(user_text_item(item_id, text)))
         if self.session.settings.create_response and self.session.reply is None:
             self.session.start_reply()
 
@@ -187,11 +192,4 @@ class ClientEvents:
         # Played out already, or a newer reply is under way: only the text is cut.
         reply.cut_ms = event.audio_end_ms
         item.text = self.session.heard(reply)
-        self.session.call.send_event(
-            server_event(
-                "conversation.item.truncated",
-                item_id=item.item_id,
-                content_index=0,
-                audio_end_ms=event.audio_end_ms,
-            )
-        )
+        self.session.call.send_event(conversation_item_truncated(item.item_id, event.audio_end_ms))

@@ -1,13 +1,9 @@
-"""OpenAI Realtime events on the `oai-events` data channel: server events out, client events in.
-
-Both directions are checked against the pydantic models the `openai` package ships for the
-Realtime API, so what omnivox sends and accepts is what OpenAI's own SDKs send and accept.
-"""
+"""Client events in from the `oai-events` data channel, checked against the `openai` package's
+pydantic models so omnivox accepts what OpenAI's SDKs send (server events: server_events.py)."""
 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, get_args
@@ -15,44 +11,7 @@ from typing import Any, get_args
 from openai.types.realtime import RealtimeClientEvent
 from pydantic import BaseModel, ValidationError
 
-
-def new_id(prefix: str) -> str:
-    """An id in OpenAI's style: a short prefix and 20 hex digits."""
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-def server_event(event_type: str, **fields: Any) -> dict[str, Any]:
-    """A server event with a fresh event_id."""
-    return {"type": event_type, "event_id": new_id("event"), **fields}
-
-
-def error_event(
-    message: str,
-    *,
-    code: str,
-    error_type: str = "invalid_request_error",
-    event_id: str | None = None,
-    param: str | None = None,
-) -> dict[str, Any]:
-    """An `error` server event; event_id names the client event that caused it."""
-    error = {
-        "type": error_type,
-        "code": code,
-        "message": message,
-        "param": param,
-        "event_id": event_id,
-    }
-    return server_event("error", error=error)
-
-
-def stage_failed_event(stage: str, reason: str) -> dict[str, Any]:
-    """The `error` event a live call gets when one of the stages is marked failed."""
-    return error_event(
-        f"stage {stage} failed and will not be restarted ({reason}); replies fail until the "
-        f"server is restarted",
-        code="stage_failed",
-        error_type="server_error",
-    )
+from agent.realtime.server_events import error_event
 
 
 @dataclass(frozen=True)

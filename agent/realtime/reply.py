@@ -7,9 +7,16 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.realtime import payloads
-from agent.realtime.events import error_event, server_event
 from agent.realtime.history import SpokenText
+from agent.realtime.server_events import (
+    assistant_item,
+    error_event,
+    output_audio_done,
+    output_audio_transcript_done,
+    output_item_done,
+    response_done,
+    response_object,
+)
 
 
 class State(enum.StrEnum):
@@ -49,18 +56,6 @@ class Reply:
         return max(0, min(call_played_ms - self.audio_base_ms, self.spoken.total_ms))
 
 
-def reply_event(reply: Reply, event_type: str, **fields: Any) -> dict[str, Any]:
-    """A server event about the reply's one audio output item."""
-    return server_event(
-        event_type,
-        response_id=reply.response_id,
-        item_id=reply.item_id,
-        output_index=0,
-        content_index=0,
-        **fields,
-    )
-
-
 def done_events(
     reply: Reply,
     status: str,
@@ -71,29 +66,16 @@ def done_events(
 ) -> list[dict[str, Any]]:
     """What ends a reply, in order: an error (failed), the transcript and audio dones
     (completed), the output item, then response.done with the status."""
+    response_id, item_id = reply.response_id, reply.item_id
     events = []
     if error:
         events.append(error_event(error, code="response_failed", error_type="server_error"))
     if status == "completed":
-        events.append(
-            reply_event(reply, "response.output_audio_transcript.done", transcript=transcript)
-        )
-        events.append(reply_event(reply, "response.output_audio.done"))
-    item = payloads.assistant_item(
-        reply.item_id, transcript, "completed" if status == "completed" else "incomplete"
-    )
-    events.append(
-        server_event(
-            "response.output_item.done", response_id=reply.response_id, output_index=0, item=item
-        )
-    )
-    body = payloads.response(
-        reply.response_id,
-        status,
-        [item],
-        usage=usage,
-        reason=reason,
-        error={"type": "server_error", "message": error} if error else None,
-    )
-    events.append(server_event("response.done", response=body))
+        events.append(output_audio_transcript_done(response_id, item_id, transcript))
+        events.append(output_audio_done(response_id, item_id))
+    item_status = "completed" if status == "completed" else "incomplete"
+    item = assistant_item(item_id, transcript, item_status)
+    events.append(output_item_done(response_id, item))
+    body = response_object(response_id, status, [item], usage=usage, reason=reason, error=error)
+    events.append(response_done(body))
     return events

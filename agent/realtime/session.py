@@ -13,11 +13,26 @@ import numpy as np
 
 from agent.config import ConversationSettings
 from agent.ops.logs import context as log_context
-from agent.realtime import payloads
 from agent.realtime.client_events import ClientEvents
-from agent.realtime.events import new_id, server_event
 from agent.realtime.history import Conversation
-from agent.realtime.reply import Reply, State, done_events, reply_event
+from agent.realtime.reply import Reply, State, done_events
+from agent.realtime.server_events import (
+    assistant_item,
+    conversation_item_created,
+    conversation_item_truncated,
+    input_audio_buffer_committed,
+    input_audio_transcription_completed,
+    new_id,
+    output_audio_buffer_cleared,
+    output_audio_buffer_started,
+    output_audio_buffer_stopped,
+    output_audio_transcript_delta,
+    output_item_added,
+    response_created,
+    session_object,
+    usage_object,
+    user_audio_item,
+)
 from media.vad import SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 
@@ -49,16 +64,8 @@ class Session:
         call.outbound.on_playing_changed = self._on_playing_changed
 
     def session_object(self) -> dict[str, Any]:
-        s = self.settings
-        return payloads.session_object(
-            self.call.id,
-            self.call.settings.profile,
-            s.instructions,
-            s.voice,
-            self.call.vad.config,
-            interrupt=s.barge_in,
-            create_response=s.create_response,
-            max_output_tokens=s.max_reply_tokens,
+        return session_object(
+            self.call.id, self.call.settings.profile, self.settings, self.call.vad.config
         )
 
     def on_client_event(self, event: Any) -> None:
@@ -106,13 +113,9 @@ class Session:
                 event.audio_end_ms - event.audio_start_ms,
             )
             return
-        self.call.send_event(
-            server_event("input_audio_buffer.committed", item_id=item_id, previous_item_id=None)
-        )
+        self.call.send_event(input_audio_buffer_committed(item_id))
         self.conversation.add(item_id, "user", "")
-        self.call.send_event(
-            server_event("conversation.item.created", item=payloads.user_audio_item(item_id, None))
-        )
+        self.call.send_event(conversation_item_created(user_audio_item(item_id, None)))
         self._unanswered.append((item_id, event.pcm))
         if self.settings.create_response:
             self.start_reply()
@@ -179,22 +182,10 @@ class Session:
             max_tokens=self.settings.max_reply_tokens,
             voice=self.settings.voice,
         )
-        item = payloads.assistant_item(reply.item_id, "", "in_progress")
-        self.call.send_event(
-            server_event(
-                "response.created",
-                response=payloads.response(reply.response_id, "in_progress", []),
-            )
-        )
-        self.call.send_event(
-            server_event(
-                "response.output_item.added",
-                response_id=reply.response_id,
-                output_index=0,
-                item=item,
-            )
-        )
-        self.call.send_event(server_event("conversation.item.created", item=item))
+        item = assistant_item(reply.item_id, "", "in_progress")
+        self.call.send_event(response_created(reply.response_id))
+        self.call.send_event(output_item_added(reply.response_id, item))
+        self.call.send_event(conversation_item_created(item))
         with log_context(turn_id=reply.turn_id):  # the reply's tasks log as its turn's
             reply.task = asyncio.ensure_future(self._run(reply, turn))
         return reply
@@ -225,7 +216,7 @@ class Session:
         if isinstance(event, TextDelta):
             reply.text += event.text
             self.call.send_event(
-                reply_event(reply, "response.output_audio_transcript.delta", delta=event.text)
+                output_audio_transcript_delta(reply.response_id, reply.item_id, event.text)
             )
         elif isinstance(event, AudioChunk):
             await self._play(reply, event)
@@ -234,7 +225,7 @@ class Session:
         elif isinstance(event, TurnDone):
             reply.text = event.text
             reply.usage = event.usage
-            self._finish(reply, "completed", usage=payloads.usage(event.usage))
+            self._finish(reply, "completed", usage=usage_object(event.usage))
         elif isinstance(event, TurnFailed):
             self._finish(reply, "failed", error=str(event.error))
 
@@ -260,15 +251,7 @@ class Session:
         item = self.conversation.get(reply.user_item_id)
         if item is not None:
             item.text = text
-        self.call.send_event(
-            server_event(
-                "conversation.item.input_audio_transcription.completed",
-                item_id=reply.user_item_id,
-                content_index=0,
-                transcript=text,
-                usage={"type": "duration", "seconds": 0},
-            )
-        )
+        self.call.send_event(input_audio_transcription_completed(reply.user_item_id, text))
 
     def _finish(
         self,
@@ -342,17 +325,8 @@ class Session:
             return
         if reply.audio_state == "started":
             reply.audio_state = "cleared"
-            self.call.send_event(
-                server_event("output_audio_buffer.cleared", response_id=reply.response_id)
-            )
-        self.call.send_event(
-            server_event(
-                "conversation.item.truncated",
-                item_id=reply.item_id,
-                content_index=0,
-                audio_end_ms=played,
-            )
-        )
+            self.call.send_event(output_audio_buffer_cleared(reply.response_id))
+        self.call.send_event(conversation_item_truncated(reply.item_id, played))
 
     def _on_playing_changed(self, playing: bool) -> None:
         """Turn the track's playing/idle edges into one started and one stopped per reply; an
@@ -363,9 +337,7 @@ class Session:
         if playing and reply.audio_state == "idle":
             reply.audio_state = "started"
             reply.first_frame_at = asyncio.get_running_loop().time()
-            self.call.send_event(
-                server_event("output_audio_buffer.started", response_id=reply.response_id)
-            )
+            self.call.send_event(output_audio_buffer_started(reply.response_id))
         elif not playing and reply.finished:
             self._audio_stopped(reply)
         elif not playing:
@@ -378,9 +350,7 @@ class Session:
         if reply.audio_state != "started":
             return
         reply.audio_state = "stopped"
-        self.call.send_event(
-            server_event("output_audio_buffer.stopped", response_id=reply.response_id)
-        )
+        self.call.send_event(output_audio_buffer_stopped(reply.response_id))
         if self.reply is None:
             self.state = State.LISTENING
 

@@ -1,0 +1,304 @@
+"""Every Realtime server event omnivox sends, and the objects inside them (session, items,
+responses), shaped as OpenAI's GA API has them; the only module that spells a server event type."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from agent.config import ConversationSettings
+from media.vad import VadConfig
+
+Event = dict[str, Any]
+
+
+def new_id(prefix: str) -> str:
+    """An id in OpenAI's style: a short prefix and 20 hex digits."""
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def server_event(event_type: str, **fields: Any) -> Event:
+    """A server event with a fresh event_id (the builders below are its only callers)."""
+    return {"type": event_type, "event_id": new_id("event"), **fields}
+
+
+# -- objects inside events --------------------------------------------------------------------
+
+
+def session_object(
+    session_id: str, profile: str, conversation: ConversationSettings, vad: VadConfig
+) -> dict[str, Any]:
+    """The session as `session.created` / `session.updated` (and a client secret) carry it."""
+    pcm = {"type": "audio/pcm", "rate": 24000}
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": profile,
+        "instructions": conversation.instructions,
+        "output_modalities": ["audio"],
+        "audio": {
+            "input": {
+                "format": pcm,
+                "turn_detection": {
+                    "type": "server_vad",
+                    # a threshold that client_events.aggressiveness maps back to this mode
+                    "threshold": (vad.aggressiveness + 0.5) / 4,
+                    "prefix_padding_ms": vad.preroll_ms,
+                    "silence_duration_ms": vad.silence_ms,
+                    "interrupt_response": conversation.barge_in,
+                    "create_response": conversation.create_response,
+                },
+            },
+            "output": {"format": pcm, "voice": conversation.voice},
+        },
+        "max_output_tokens": conversation.max_reply_tokens,
+    }
+
+
+def _user_item(item_id: str, content: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": "user",
+        "status": "completed",
+        "content": [content],
+    }
+
+
+def user_audio_item(item_id: str, transcript: str | None) -> dict[str, Any]:
+    """The caller's utterance as a conversation item."""
+    return _user_item(item_id, {"type": "input_audio", "transcript": transcript})
+
+
+def user_text_item(item_id: str, text: str) -> dict[str, Any]:
+    """A typed user message as a conversation item."""
+    return _user_item(item_id, {"type": "input_text", "text": text})
+
+
+def assistant_item(item_id: str, transcript: str, status: str) -> dict[str, Any]:
+    """The agent's spoken reply as a conversation item."""
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [{"type": "output_audio", "transcript": transcript}],
+    }
+
+
+def response_object(
+    response_id: str,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None = None,
+    reason: str | None = None,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """A response object; status is in_progress, completed, cancelled or failed."""
+    body: dict[str, Any] = {
+        "id": response_id,
+        "object": "realtime.response",
+        "status": status,
+        "output": output,
+        "output_modalities": ["audio"],
+    }
+    if status in ("cancelled", "failed", "incomplete"):
+        details: dict[str, Any] = {"type": status}
+        if reason:
+            details["reason"] = reason
+        if error:
+            details["error"] = {"type": "server_error", "message": error}
+        body["status_details"] = details
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def usage_object(pipeline_usage: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's usage object from the pipeline's counts (text and speech tokens generated)."""
+    text = int(pipeline_usage.get("thinker_tokens", 0))
+    audio = int(pipeline_usage.get("speech_tokens", 0))
+    prompt = int(pipeline_usage.get("prompt_tokens", 0))
+    return {
+        "total_tokens": prompt + text + audio,
+        "input_tokens": prompt,
+        "output_tokens": text + audio,
+        "output_token_details": {"text_tokens": text, "audio_tokens": audio},
+    }
+
+
+# -- session ----------------------------------------------------------------------------------
+
+
+def session_created(session: dict[str, Any]) -> Event:
+    """`session.created`: the first event of every call."""
+    return server_event("session.created", session=session)
+
+
+def session_updated(session: dict[str, Any]) -> Event:
+    """`session.updated`: the session after a `session.update` was applied."""
+    return server_event("session.updated", session=session)
+
+
+# -- the caller's audio and the conversation --------------------------------------------------
+
+
+def speech_started(item_id: str, audio_start_ms: int) -> Event:
+    """`input_audio_buffer.speech_started`: the VAD heard the caller begin."""
+    return server_event(
+        "input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=item_id
+    )
+
+
+def speech_stopped(item_id: str, audio_end_ms: int) -> Event:
+    """`input_audio_buffer.speech_stopped`: the VAD closed the utterance."""
+    return server_event(
+        "input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id
+    )
+
+
+def input_audio_buffer_committed(item_id: str) -> Event:
+    """`input_audio_buffer.committed`: the utterance became a conversation item."""
+    return server_event("input_audio_buffer.committed", item_id=item_id, previous_item_id=None)
+
+
+def input_audio_buffer_cleared() -> Event:
+    """`input_audio_buffer.cleared`: the caller's audio so far was dropped."""
+    return server_event("input_audio_buffer.cleared")
+
+
+def conversation_item_created(item: dict[str, Any]) -> Event:
+    """`conversation.item.created`: `item` joined the conversation."""
+    return server_event("conversation.item.created", item=item)
+
+
+def input_audio_transcription_completed(item_id: str, transcript: str) -> Event:
+    """`conversation.item.input_audio_transcription.completed`: what the caller said."""
+    # OpenAI's model requires a usage; omnivox does not meter transcription on its own.
+    return server_event(
+        "conversation.item.input_audio_transcription.completed",
+        item_id=item_id,
+        content_index=0,
+        transcript=transcript,
+        usage={"type": "duration", "seconds": 0},
+    )
+
+
+def conversation_item_truncated(item_id: str, audio_end_ms: int) -> Event:
+    """`conversation.item.truncated`: the item keeps its first `audio_end_ms` of audio."""
+    return server_event(
+        "conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=audio_end_ms
+    )
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def response_created(response_id: str) -> Event:
+    """`response.created`: a reply began, with no output yet."""
+    return server_event(
+        "response.created", response=response_object(response_id, "in_progress", [])
+    )
+
+
+def output_item_added(response_id: str, item: dict[str, Any]) -> Event:
+    """`response.output_item.added`: the reply's one audio item, as it begins."""
+    return server_event(
+        "response.output_item.added", response_id=response_id, output_index=0, item=item
+    )
+
+
+def output_item_done(response_id: str, item: dict[str, Any]) -> Event:
+    """`response.output_item.done`: the reply's one audio item, as it ended."""
+    return server_event(
+        "response.output_item.done", response_id=response_id, output_index=0, item=item
+    )
+
+
+def _audio_content_event(event_type: str, response_id: str, item_id: str, **fields: Any) -> Event:
+    """An event about the audio content of the reply's one output item."""
+    return server_event(
+        event_type,
+        response_id=response_id,
+        item_id=item_id,
+        output_index=0,
+        content_index=0,
+        **fields,
+    )
+
+
+def output_audio_transcript_delta(response_id: str, item_id: str, delta: str) -> Event:
+    """`response.output_audio_transcript.delta`: more of the reply's text."""
+    return _audio_content_event(
+        "response.output_audio_transcript.delta", response_id, item_id, delta=delta
+    )
+
+
+def output_audio_transcript_done(response_id: str, item_id: str, transcript: str) -> Event:
+    """`response.output_audio_transcript.done`: the reply's whole text."""
+    return _audio_content_event(
+        "response.output_audio_transcript.done", response_id, item_id, transcript=transcript
+    )
+
+
+def output_audio_done(response_id: str, item_id: str) -> Event:
+    """`response.output_audio.done`: the reply's audio is all generated."""
+    return _audio_content_event("response.output_audio.done", response_id, item_id)
+
+
+def response_done(response: dict[str, Any]) -> Event:
+    """`response.done`: the reply ended (completed, cancelled or failed)."""
+    return server_event("response.done", response=response)
+
+
+# -- the agent's audio on the call ------------------------------------------------------------
+
+
+def output_audio_buffer_started(response_id: str) -> Event:
+    """`output_audio_buffer.started`: the reply's first audio went out."""
+    return server_event("output_audio_buffer.started", response_id=response_id)
+
+
+def output_audio_buffer_stopped(response_id: str) -> Event:
+    """`output_audio_buffer.stopped`: the reply's audio played out to its end."""
+    return server_event("output_audio_buffer.stopped", response_id=response_id)
+
+
+def output_audio_buffer_cleared(response_id: str) -> Event:
+    """`output_audio_buffer.cleared`: the reply's audio was cut off (barge-in or a client)."""
+    return server_event("output_audio_buffer.cleared", response_id=response_id)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def error_event(
+    message: str,
+    *,
+    code: str,
+    error_type: str = "invalid_request_error",
+    event_id: str | None = None,
+    param: str | None = None,
+) -> Event:
+    """An `error` server event; event_id names the client event that caused it."""
+    error = {
+        "type": error_type,
+        "code": code,
+        "message": message,
+        "param": param,
+        "event_id": event_id,
+    }
+    return server_event("error", error=error)
+
+
+def stage_failed_event(stage: str, reason: str) -> Event:
+    """The `error` event a live call gets when one of the stages is marked failed."""
+    return error_event(
+        f"stage {stage} failed and will not be restarted ({reason}); replies fail until the "
+        f"server is restarted",
+        code="stage_failed",
+        error_type="server_error",
+    )
