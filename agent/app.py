@@ -26,6 +26,7 @@ from agent.api.signalling import router as signalling_router
 from agent.calls.call import Call, HandlerFactory
 from agent.calls.registry import CallRegistry, announce_stage_failures
 from agent.config import Settings
+from agent.ops.admission import Admission, AdmissionLimits
 from agent.ops.metrics import Metrics
 from agent.ops.metrics import router as metrics_router
 from agent.ops.readiness import Readiness
@@ -60,10 +61,12 @@ def create_app(
         gc.freeze()
         starting = asyncio.create_task(pipeline.start()) if pipeline is not None else None
         loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())
+        load = asyncio.create_task(app.state.admission.run())
         try:
             yield
         finally:
             loop_lag.cancel()
+            load.cancel()
             await app.state.calls.close_all()
             await asyncio.to_thread(app.state.records.close)  # the calls' end rows written
             if starting is not None:
@@ -78,7 +81,11 @@ def create_app(
     app.state.records = records = CallRecords(settings.data_dir)
     app.state.calls = CallRegistry(settings, metrics, records)
     metrics.track(lambda: len(app.state.calls), pipeline)
-    app.state.readiness = Readiness(pipeline)
+    app.state.admission = Admission(AdmissionLimits(
+        max_loop_lag_s=settings.admission_max_loop_lag_ms / 1e3,
+        max_cpu_wait=settings.admission_max_cpu_wait, window_s=settings.admission_window_s,
+    ), app.state.metrics.loop_lag_monitor)
+    app.state.readiness = Readiness(pipeline, app.state.admission)
     if pipeline is not None:  # a stage given up for good is announced on every live call
         announce_stage_failures(pipeline, app.state.calls)
     app.state.pipeline = pipeline

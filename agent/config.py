@@ -119,6 +119,18 @@ class Settings(BaseSettings):
         "", pattern=r"^(/[A-Za-z0-9._~-]+)*$",
         description="path before a call's path in its Location, e.g. /pods/omnivox-0",
     )
+    # Admission control (agent/ops/admission.py): measured load, not only max_calls.
+    admission_max_loop_lag_ms: float = Field(
+        100.0, ge=0, description="refuse new calls (503 server_busy) while the event loop woke "
+        "this late within the admission window; 0: off",
+    )
+    admission_max_cpu_wait: float = Field(
+        0.5, ge=0, le=1, description="refuse new calls while the call plane's thread waited "
+        "for a CPU this share of the admission window; 0: off",
+    )
+    admission_window_s: float = Field(
+        5.0, gt=0, le=60, description="how far back admission control looks at the load"
+    )
     drain_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long live calls may go on before they are closed"
     )

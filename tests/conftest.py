@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +15,14 @@ from tests.responder import ToneResponder
 from tests.served import Served, serve
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Admission control judges the API process's event loop. Most tests run the server in their own
+# loop beside their callers, or start many engines on 2 cores: that loop's lag then measures
+# the test, not the server's call plane. So it is off for the servers tests start (in process
+# and, through the environment, in their own processes), except where a test turns it on:
+# tests/test_admission.py, and test_load's server.
+os.environ.setdefault("OMNIVOX_ADMISSION_MAX_LOOP_LAG_MS", "0")
+os.environ.setdefault("OMNIVOX_ADMISSION_MAX_CPU_WAIT", "0")
 
 
 @pytest.fixture(scope="session")

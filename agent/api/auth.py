@@ -22,7 +22,7 @@ import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -45,18 +45,6 @@ CALL_PATH = re.compile(r"^/v1/realtime/calls/([^/]+)$")
 CALL_LOCATION = re.compile(r"^(?:/[^/?#]+)*/v1/realtime/calls/([^/?#]+)$")
 SECRET_PREFIX = "ek_"  # OpenAI's ephemeral keys look the same
 MAX_MINT_BODY_BYTES = 16 * 1024
-# The environment variables `omnivox serve` reads, and the settings they fill.
-ENV_SETTINGS = {
-    "OMNIVOX_API_KEYS": "api_keys",
-    "OMNIVOX_CORS_ORIGINS": "cors_origins",
-    "OMNIVOX_CLIENT_SECRET_TTL_S": "client_secret_ttl_s",
-}
-
-
-def env_settings(environ: Mapping[str, str]) -> dict[str, str]:
-    """The authentication settings given in the environment (Settings parses and checks them)."""
-    return {field: environ[name] for name, field in ENV_SETTINGS.items()
-            if environ.get(name, "").strip()}
 
 
 def is_loopback(host: str) -> bool:

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 NEGOTIATION_TIMEOUT_S = 10.0
+BUSY_RETRY_AFTER_S = 2  # the admission window is a few seconds: load is measured anew by then
 
 
 def json_error(status: int, code: str, message: str, **headers: str) -> JSONResponse:
@@ -71,10 +72,14 @@ async def create_call(request: Request) -> Response:
     if readiness.draining:  # told to stop: the caller should retry, on another server
         return refuse(request, 503, "server_draining", readiness.summary(),
                       **{"Retry-After": "2"})
-    if not readiness.ready():
+    if not readiness.stages_ready():
         if readiness.failed():  # given up for good: no Retry-After, an operator must act
             return refuse(request, 503, "stage_failed", readiness.summary())
         return refuse(request, 503, "not_ready", readiness.summary(), **{"Retry-After": "5"})
+    busy = readiness.full()
+    if busy is not None:  # one more call would slow every live one: the caller retries
+        return refuse(request, 503, "server_busy", f"server busy: {busy}",
+                      **{"Retry-After": str(BUSY_RETRY_AFTER_S)})
     calls: CallRegistry = request.app.state.calls
     try:
         call = calls.new_call()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from agent.ops.admission import Admission
+
 
 class StageStatusLike(Protocol):
     state: str  # starting | ready | restarting | failed
@@ -33,8 +35,9 @@ class Readiness:
     """Readiness of every stage the server depends on (none: a media-only server), and whether
     the server is draining (told to stop: it takes no new call, whatever its stages say)."""
 
-    def __init__(self, pipeline: HealthSource | None) -> None:
+    def __init__(self, pipeline: HealthSource | None, admission: Admission | None = None) -> None:
         self.pipeline = pipeline
+        self.admission = admission
         self.draining = False
 
     def drain(self) -> None:
@@ -51,18 +54,27 @@ class Readiness:
         return {name: {"state": s.state, "reason": s.reason, "restarts": s.restarts}
                 for name, s in stages.items()}
 
+    def stages_ready(self) -> bool:
+        return all(s["state"] == "ready" for s in self.stages().values())
+
+    def full(self) -> str | None:
+        """Why the call plane takes no more calls now (admission control), or None."""
+        return self.admission.busy() if self.admission is not None else None
+
     def ready(self) -> bool:
-        return not self.draining and all(s["state"] == "ready" for s in self.stages().values())
+        return not self.draining and self.stages_ready() and self.full() is None
 
     def failed(self) -> list[str]:
         """Stages given up for good (they will not be restarted: an operator must act)."""
         return [name for name, s in self.stages().items() if s["state"] == "failed"]
 
     def status(self) -> str:
-        """`ready`, `draining` or `not_ready`: the word /readyz answers with."""
+        """`ready`, `draining`, `not_ready` or `full`: the word /readyz answers with."""
         if self.draining:
             return "draining"
-        return "ready" if self.ready() else "not_ready"
+        if not self.stages_ready():
+            return "not_ready"
+        return "ready" if self.full() is None else "full"
 
     def summary(self) -> str:
         waiting = [
@@ -72,4 +84,7 @@ class Readiness:
         ]
         if self.draining:
             waiting.insert(0, DRAINING)
+        full = self.full()
+        if full is not None:
+            waiting.append(f"full: {full}")
         return "; ".join(waiting) or "ready"

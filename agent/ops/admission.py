@@ -1,0 +1,81 @@
+"""Admission control: whether the call plane can carry one more call, judged from its measured
+load (the event loop's recent lateness, and the share of time the loop's thread waited for a CPU).
+
+Every call's 20 ms pacing, VAD and signalling run on the API process's one event loop. Past
+the load where that loop wakes late, pacing collapses for every call at once (PLATFORM.md:
+aiortc falls off a cliff near 88% of a core), so a new call is refused with 503 before that
+point, at once, and the calls already admitted keep their CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from agent.ops.loop_lag import LoopLagMonitor
+
+SAMPLE_S = 0.5  # how often the loop thread's scheduler figures are read
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """Above either figure over the last `window_s`, new calls are refused (0: that check off)."""
+
+    max_loop_lag_s: float
+    max_cpu_wait: float  # share of wall time the loop's thread was runnable but not running
+    window_s: float
+
+
+def wait_ns(pid: int) -> int | None:
+    """Nanoseconds `pid`'s main thread has spent runnable on a runqueue (Linux schedstat)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None  # no schedstat (another kernel): the CPU check is skipped
+
+
+class Admission:
+    """Measures the call plane's load and says, for each offer, whether it fits."""
+
+    def __init__(self, limits: AdmissionLimits, loop_lag: LoopLagMonitor) -> None:
+        self.limits = limits
+        self.loop_lag = loop_lag
+        self._pid = os.getpid()
+        keep = max(2, int(limits.window_s / SAMPLE_S) + 1)
+        self._waits: deque[tuple[float, int]] = deque(maxlen=keep)
+
+    async def run(self) -> None:
+        """Sample the loop thread's CPU wait until cancelled."""
+        while True:
+            wait = wait_ns(self._pid)
+            if wait is not None:
+                self._waits.append((time.monotonic(), wait))
+            await asyncio.sleep(SAMPLE_S)
+
+    def cpu_wait(self) -> float:
+        """Share of the recent window the loop's thread waited for a CPU (0 when unknown)."""
+        if len(self._waits) < 2:
+            return 0.0
+        (t0, w0), (t1, w1) = self._waits[0], self._waits[-1]
+        return (w1 - w0) / 1e9 / (t1 - t0) if t1 > t0 else 0.0
+
+    def recent_lag(self) -> float:
+        """The event loop's worst lateness over the window, in seconds."""
+        return self.loop_lag.recent_max(self.limits.window_s)
+
+    def busy(self) -> str | None:
+        """Why one more call would not be carried now, or None when it fits."""
+        limits = self.limits
+        lag = self.recent_lag()
+        if limits.max_loop_lag_s and lag > limits.max_loop_lag_s:
+            return (f"the event loop ran {lag * 1e3:.0f} ms late in the last "
+                    f"{limits.window_s:g} s (limit {limits.max_loop_lag_s * 1e3:.0f} ms)")
+        wait = self.cpu_wait()
+        if limits.max_cpu_wait and wait > limits.max_cpu_wait:
+            return (f"the call plane waited for a CPU {wait:.0%} of the last "
+                    f"{limits.window_s:g} s (limit {limits.max_cpu_wait:.0%})")
+        return None
