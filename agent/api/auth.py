@@ -31,7 +31,6 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent.api.signalling import json_error, read_body
-from agent.calls.call import vad_config
 from agent.config import Settings
 from agent.realtime.server_events import session_object
 
@@ -286,7 +285,7 @@ async def create_client_secret(request: Request) -> JSONResponse:
     # carries the call's own id (rtc_...), so this one names the minted session only.
     session = session_object(
         "sess_" + secrets.token_hex(12), settings.profile, settings.conversation,
-        vad_config(settings),
+        settings.vad,
     )
     body_out: dict[str, Any] = {"value": value, "expires_at": expires_at, "session": session}
     return JSONResponse(body_out, headers={"Cache-Control": "no-store"})

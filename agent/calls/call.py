@@ -40,7 +40,7 @@ from media.peer import (
     new_peer_connection,
     sent_codec,
 )
-from media.vad import SpeechStarted, SpeechStopped, VadConfig, VadSegmenter
+from media.vad import SpeechStarted, SpeechStopped, VadSegmenter
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +69,6 @@ class CallHandler(Protocol):
 HandlerFactory = Callable[["Call"], CallHandler]
 
 
-def vad_config(settings: Settings) -> VadConfig:
-    v = settings.vad
-    return VadConfig(
-        aggressiveness=v.aggressiveness,
-        onset_ms=v.onset_ms,
-        silence_ms=v.silence_ms,
-        preroll_ms=v.preroll_ms,
-        max_utterance_ms=v.max_utterance_ms,
-    )
-
-
 class Call:
     """A caller connected over WebRTC."""
 
@@ -95,7 +84,7 @@ class Call:
         self.pc: RTCPeerConnection = new_peer_connection(settings.ice_servers)
         self.outbound = OutboundAudioTrack(max_queue_ms=settings.outbound_queue_ms)
         self.inbound: InboundAudio | None = None  # the caller's audio, once its track arrives
-        self.vad = VadSegmenter(vad_config(settings))
+        self.vad = VadSegmenter(settings.vad)
         self.handler: CallHandler | None = None
         self._channel: RTCDataChannel | None = None
         self._pending: deque[dict[str, Any]] = deque(maxlen=PENDING_EVENTS_MAX)
