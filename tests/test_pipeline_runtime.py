@@ -33,6 +33,11 @@ from tests.fake_family import HIDDEN, SAMPLES_PER_TOKEN, reply_words
 FAMILY = "tests.fake_family"
 REPO = Path(__file__).resolve().parent.parent
 KEPT_BLOCKS = 2  # the fake Thinker holds these for its lifetime
+# Silence that makes a worker hung. The workers run below this process in CPU priority, and a
+# beat is only heard when this process's own loop gets to it: on a shared 2-core machine
+# either can lag by a second, which a 1 s timeout read as a hang (a spurious restart). 3 s
+# still finds the hung worker of test_hung_worker_is_killed_and_replaced in seconds.
+HEARTBEAT_TIMEOUT_S = 3.0
 
 
 def settings(**stages: dict) -> dict:
@@ -40,11 +45,12 @@ def settings(**stages: dict) -> dict:
         "family": FAMILY,
         "stages": {"thinker": {"token_s": 0.004, "hold_blocks": KEPT_BLOCKS},
                    "talker": {"token_s": 0.0005, "engine_child": True},
-                   "voicebox": {"start_delay_s": 1.2},  # a start longer than the heartbeat timeout
+                   # a start longer than the heartbeat timeout
+                   "voicebox": {"start_delay_s": HEARTBEAT_TIMEOUT_S + 0.5},
                    **stages},
         "pool": {"block_count": 64, "block_size": 1 << 16},
-        "restart": {"max_attempts": 2, "backoff_s": 0.05, "heartbeat_s": 0.05,
-                    "heartbeat_timeout_s": 1.0, "stop_timeout_s": 2.0},
+        "restart": {"max_attempts": 2, "backoff_s": 0.05, "heartbeat_s": 0.1,
+                    "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S, "stop_timeout_s": 2.0},
     }
 
 
