@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 
 from agent.config import Settings
-from agent.ops.admission import wait_ns
+from pipeline import schedstat
 from tests.media_servers import tone_server
 from tests.product_calls import wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
@@ -101,8 +101,8 @@ async def test_admission_off_takes_calls_under_the_same_load(tmp_path: Path) -> 
 
 def test_the_loop_threads_cpu_wait_is_read_from_the_scheduler() -> None:
     """The CPU check reads /proc/<pid>/schedstat; on this kernel it must be there."""
-    assert wait_ns(os.getpid()) is not None
-    assert wait_ns(2**22 + 12345) is None  # no such process: the check is skipped, no error
+    assert schedstat.sample(os.getpid()) is not None
+    assert schedstat.sample(2**22 + 12345) is None  # no such process: skipped, no error
 
 
 async def test_a_call_plane_starved_of_cpu_refuses_new_calls(tmp_path: Path) -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections import deque
 from dataclasses import dataclass
 
 from agent.ops.loop_lag import LoopLagMonitor
+from pipeline import schedstat
 
 SAMPLE_S = 0.5  # how often the loop thread's scheduler figures are read
 
@@ -27,15 +27,6 @@ class AdmissionLimits:
     max_loop_lag_s: float
     max_cpu_wait: float  # share of wall time the loop's thread was runnable but not running
     window_s: float
-
-
-def wait_ns(pid: int) -> int | None:
-    """Nanoseconds `pid`'s main thread has spent runnable on a runqueue (Linux schedstat)."""
-    try:
-        with open(f"/proc/{pid}/schedstat") as schedstat:
-            return int(schedstat.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None  # no schedstat (another kernel): the CPU check is skipped
 
 
 class Admission:
@@ -51,9 +42,9 @@ class Admission:
     async def run(self) -> None:
         """Sample the loop thread's CPU wait until cancelled."""
         while True:
-            wait = wait_ns(self._pid)
-            if wait is not None:
-                self._waits.append((time.monotonic(), wait))
+            # No figures (another kernel): the CPU check is skipped.
+            if (now := schedstat.sample(self._pid)) is not None:
+                self._waits.append((now.at, now.wait_ns))
             await asyncio.sleep(SAMPLE_S)
 
     def cpu_wait(self) -> float:
