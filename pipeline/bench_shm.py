@@ -9,7 +9,10 @@ consumer reading the tensor's last element (written last) back in it:
   block instead of into memory of its own (the VoiceBox's tanh, the Thinker's lookup);
 - `shm`: copy a tensor the producer already has into a block (`BlockPool.write`, what
   `StageContext.send_tensor` does for one), then the same; the copy is counted;
-- `pickle`: send the ndarray itself over a Pipe (pickled, copied through the kernel).
+- `pickle`: send the ndarray itself over a Pipe (pickled, copied through the kernel);
+- `shm_ref`: `shm_inplace` writing only the last element, what the transport alone costs. It
+  is flat in size; `shm_inplace` rises a little at 16-64 MiB, as a write that large leaves
+  both processes' caches cold for the round trip after it (no data moves).
 Run `python -m pipeline.bench_shm` for a table.
 """
 
@@ -43,6 +46,15 @@ def _send_inplace(pool: BlockPool, conn: Connection, array: np.ndarray) -> float
     return time.perf_counter() - started - (written - writing)
 
 
+def _send_ref(pool: BlockPool, conn: Connection, array: np.ndarray) -> float:
+    started = time.perf_counter()
+    with pool.lease_blocking(array.shape, array.dtype.name, timeout=10) as lease:
+        lease.array[-1:] = array[-1:]  # the element the consumer reads back, and no more
+        conn.send_bytes(_encode(lease.send()))
+    _check_ack(conn, array)
+    return time.perf_counter() - started
+
+
 def _send_copied(pool: BlockPool, conn: Connection, array: np.ndarray) -> float:
     started = time.perf_counter()
     conn.send_bytes(_encode(pool.write(array, timeout=10)))
@@ -64,7 +76,8 @@ def _check_ack(conn: Connection, array: np.ndarray) -> None:
 
 
 _MODES: dict[str, Callable[[BlockPool, Connection, np.ndarray], float]] = {
-    "shm_inplace": _send_inplace, "shm": _send_copied, "pickle": _send_pickled}
+    "shm_inplace": _send_inplace, "shm": _send_copied, "pickle": _send_pickled,
+    "shm_ref": _send_ref}
 
 
 def _producer(name: str, sizes: list[int], repeats: int, conn: Connection,
@@ -104,8 +117,8 @@ def _consumer(name: str, conn: Connection) -> None:
 
 def shm_vs_pickle(sizes: list[int], repeats: int = 9) -> list[dict]:
     """Median seconds per tensor moved between two spawned processes, per size in bytes:
-    [{bytes, shm_inplace_s, inplace_ratio, shm_s, ratio, pickle_s}], a ratio being pickle's
-    time over that path's; `shm_inplace` is the product's path (see the module's doc)."""
+    [{bytes, shm_inplace_s, inplace_ratio, shm_s, ratio, pickle_s, shm_ref_s}], each ratio
+    being pickle's time over that path's; `shm_inplace` is the product's path (module doc)."""
     spawn = mp.get_context("spawn")
     pool = BlockPool.create(f"omnivox-bench-{uuid.uuid4().hex[:12]}", 2, max(sizes))
     producer_end, consumer_end = spawn.Pipe()
@@ -119,7 +132,7 @@ def shm_vs_pickle(sizes: list[int], repeats: int = 9) -> list[dict]:
             process.start()
         if not report_in.poll(600):
             raise TimeoutError("benchmark processes gave no result within 600 s")
-        rows = report_in.recv()
+        rows: list[dict] = report_in.recv()  # what _producer sends
         for process in processes:
             process.join(timeout=30)
     finally:
@@ -136,11 +149,11 @@ def shm_vs_pickle(sizes: list[int], repeats: int = 9) -> list[dict]:
 
 def main() -> None:
     print(f"{'bytes':>10} {'in place us':>12} {'pickle us':>11} {'ratio':>7}   "
-          f"{'copy first us':>14} {'ratio':>7}")
+          f"{'copy first us':>14} {'ratio':>7} {'ref alone us':>13}")
     for row in shm_vs_pickle(DEFAULT_SIZES):
         print(f"{row['bytes']:>10} {row['shm_inplace_s'] * 1e6:>12.1f} "
               f"{row['pickle_s'] * 1e6:>11.1f} {row['inplace_ratio']:>7.1f}   "
-              f"{row['shm_s'] * 1e6:>14.1f} {row['ratio']:>7.1f}")
+              f"{row['shm_s'] * 1e6:>14.1f} {row['ratio']:>7.1f} {row['shm_ref_s'] * 1e6:>13.1f}")
 
 
 if __name__ == "__main__":
