@@ -27,6 +27,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -79,9 +80,16 @@ class _Slot:
         self.last_beat = 0.0
         self.quiet_since: schedstat.SchedSample | None = None  # at the last beat, or verdict
         self.broken: str | None = None  # the running worker can serve no more: why
+        self.woken = asyncio.Event()  # set with `broken`: its watch acts at once
         self.settled = asyncio.Event()  # ready or failed: start() waits for this
 
-    def update(self, **changes: object) -> None:
+    def mark_broken(self, reason: str) -> None:
+        """The running worker can serve no more: its watch replaces it now, not at its next
+        poll (a dead engine's turns fail at once; the calls' next turns wait for the new one)."""
+        self.broken = reason
+        self.woken.set()
+
+    def update(self, **changes: Any) -> None:
         self.status = replace(self.status, **changes)
 
 
@@ -105,7 +113,7 @@ class Supervisor:
         control.setsockopt(zmq.LINGER, 0)
         control.bind(self.control_endpoint)
         self._control = control
-        self._tasks = [asyncio.create_task(self._read_control())]
+        self._tasks = [asyncio.create_task(self._read_control(control))]
         self._tasks += [asyncio.create_task(self._watch(slot)) for slot in self._slots.values()]
         await asyncio.gather(*(slot.settled.wait() for slot in self._slots.values()))
 
@@ -120,8 +128,10 @@ class Supervisor:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         live = [slot for slot in self._slots.values() if slot.process is not None]
         for slot in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(slot.process.pid, signal.SIGTERM)
+            pid = slot.process.pid if slot.process is not None else None
+            if pid is not None:  # always, for a started process
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         await asyncio.gather(*(self._bury(slot, self.policy.stop_timeout_s) for slot in live))
         for slot in self._slots.values():
             slot.update(state=StageState.STOPPED, pid=None)
@@ -133,7 +143,7 @@ class Supervisor:
         """Replace the stage's running worker, which lives but cannot serve (as `Broken`)."""
         slot = self._slots[stage]
         if slot.status.state == StageState.READY and slot.broken is None:
-            slot.broken = reason
+            slot.mark_broken(reason)
 
     async def _watch(self, slot: _Slot) -> None:
         """Keep one stage's worker running, restarting it with back-off.
@@ -180,32 +190,39 @@ class Supervisor:
     async def _start_worker(self, slot: _Slot) -> str | None:
         """Spawn the worker and wait until it is ready; None, or why it did not start."""
         loop = asyncio.get_running_loop()
-        slot.started = loop.create_future()
+        started: asyncio.Future[Ready | StartFailed] = loop.create_future()
+        slot.started = started
         spec = replace(slot.spec, parent_pid=os.getpid())
         process = _SPAWN.Process(target=worker_main, args=(spec,), name=f"omnivox-{spec.stage}")
         process.start()  # a few ms: fork/exec and a small pickle; the import runs in the child
-        slot.process, slot.exited, slot.last_beat = process, _exit_future(process), loop.time()
+        exited = _exit_future(process)
+        slot.process, slot.exited, slot.last_beat = process, exited, loop.time()
         slot.broken, slot.quiet_since = None, None
+        slot.woken.clear()
         slot.update(pid=process.pid, served=0)
-        done, _ = await asyncio.wait([slot.started, slot.exited],
-                                     timeout=self.policy.start_timeout_s,
+        waiters: list[asyncio.Future[Any]] = [started, exited]
+        done, _ = await asyncio.wait(waiters, timeout=self.policy.start_timeout_s,
                                      return_when=asyncio.FIRST_COMPLETED)
-        if slot.started in done and isinstance(slot.started.result(), Ready):
+        if started in done and isinstance(started.result(), Ready):
             return None
         if not done:
             return f"not ready within {self.policy.start_timeout_s:g} s"
-        await _wait(slot.started, _LATE_REASON_S)  # the reason may trail the exit a little
-        if slot.started.done():
-            return f"failed to start: {slot.started.result().reason}"
+        await _wait(started, _LATE_REASON_S)  # the reason may trail the exit a little
+        # A Ready that trails the exit has no reason to give: the exit status says it.
+        if started.done() and isinstance(failed := started.result(), StartFailed):
+            return f"failed to start: {failed.reason}"
         return f"failed to start: {await _exit_reason(process)}"
 
     async def _until_lost(self, slot: _Slot) -> str:
         """Watch a ready worker until it exits or stops beating; why it was lost."""
         loop = asyncio.get_running_loop()
+        process, exited = slot.process, slot.exited
+        # _start_worker set both for this worker; only its burial, after this, clears them.
+        assert process is not None and exited is not None
         while True:
-            await _wait(slot.exited, self.policy.heartbeat_s)
-            if slot.exited.done():
-                return await _exit_reason(slot.process)
+            await _wait_either(exited, slot.woken, self.policy.heartbeat_s)
+            if exited.done():
+                return await _exit_reason(process)
             if slot.broken is not None:
                 return f"{slot.broken}; worker replaced"
             silent = loop.time() - slot.last_beat
@@ -244,6 +261,7 @@ class Supervisor:
         if process is None or exited is None:
             return
         await _wait(exited, grace_s)
+        assert process.pid is not None  # a started process has one
         _kill_group(process.pid)  # engine children outlive their worker unless killed here
         await exited
         process.join()
@@ -251,10 +269,10 @@ class Supervisor:
         slot.process = slot.exited = None  # only now: a burial cut short is finished by stop()
         self.pool.reclaim(slot.spec.owner)  # logs what it freed
 
-    async def _read_control(self) -> None:
+    async def _read_control(self, control: zmq.asyncio.Socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            payload = await self._control.recv()
+            payload = await control.recv()
             try:
                 msg = control_decoder.decode(payload)
             except Exception as exc:
@@ -269,7 +287,7 @@ class Supervisor:
                 if (msg.active, msg.served) != (slot.status.active, slot.status.served):
                     slot.update(active=msg.active, served=msg.served)
             elif isinstance(msg, Broken):
-                slot.broken = msg.reason
+                slot.mark_broken(msg.reason)
             elif slot.started is not None and not slot.started.done():
                 slot.started.set_result(msg)
 
@@ -280,10 +298,19 @@ class Supervisor:
                 _kill_group(slot.process.pid)
 
 
-async def _wait(fut: asyncio.Future[object], timeout: float) -> None:
+async def _wait(fut: asyncio.Future[Any], timeout: float) -> None:
     """Wait up to `timeout` for `fut` without cancelling it (and without wait_for, which in
     3.11 can swallow the caller's own cancellation)."""
     await asyncio.wait([fut], timeout=timeout)
+
+
+async def _wait_either(fut: asyncio.Future[Any], event: asyncio.Event, timeout: float) -> None:
+    """Wait up to `timeout` for `fut` (never cancelled here) or `event`, whichever comes first."""
+    woken = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait([fut, woken], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        woken.cancel()
 
 
 def _kill_group(pid: int) -> None:
