@@ -115,7 +115,7 @@ def _consumer(name: str, conn: Connection) -> None:
     pool.close()
 
 
-def shm_vs_pickle(sizes: list[int], repeats: int = 9) -> list[dict]:
+def shm_vs_pickle(sizes: list[int], repeats: int = 31) -> list[dict]:
     """Median seconds per tensor moved between two spawned processes, per size in bytes:
     [{bytes, shm_inplace_s, inplace_ratio, shm_s, ratio, pickle_s, shm_ref_s}], each ratio
     being pickle's time over that path's; `shm_inplace` is the product's path (module doc)."""
