@@ -48,7 +48,7 @@ def create_app(
     if handler_factory is None and pipeline is not None:
 
         def handler_factory(call: Call) -> Session:
-            return Session(call, pipeline, settings.conversation)
+            return Session(call, pipeline, call.conversation)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

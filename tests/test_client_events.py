@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.realtime.client_events import MAX_REPLY_TOKENS, aggressiveness
+from agent.realtime.session_config import MAX_REPLY_TOKENS, aggressiveness
 from tests.audio_fixtures import speech_bounds
 from tests.product_calls import (
     LOUD,

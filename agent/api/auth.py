@@ -4,7 +4,7 @@ With no API keys configured (local mode) nothing here refuses anything. With key
 whose path starts with /v1 needs `Authorization: Bearer <API key>`, checked by an ASGI middleware
 in front of the whole app, so routes added by any module are covered without opting in. A
 client secret, minted with an API key at POST /v1/realtime/client_secrets, stands in for the key
-on exactly one POST /v1/realtime/calls, and afterwards on the DELETE of the call it created.
+on exactly one POST /v1/realtime/calls, and afterwards on the hang-up of the call it created.
 
 Secrets are never logged; the store keeps only their SHA-256 digests, which also makes lookups
 independent of how much of a guessed secret is right. API keys are compared in constant time.
@@ -39,7 +39,10 @@ router = APIRouter()
 
 PROTECTED_PREFIX = "/v1"
 CALLS_PATH = "/v1/realtime/calls"
-CALL_PATH = re.compile(r"^/v1/realtime/calls/([^/]+)$")
+# A hang-up of one call: DELETE on its path, or POST on its `hangup` action (the SDK's form).
+HANG_UP = re.compile(
+    r"^(?:DELETE /v1/realtime/calls/([^/]+)|POST /v1/realtime/calls/([^/]+)/hangup)$"
+)
 # A placed call's Location: its path, after the server's `location_prefix` when one is set.
 CALL_LOCATION = re.compile(r"^(?:/[^/?#]+)*/v1/realtime/calls/([^/?#]+)$")
 SECRET_PREFIX = "ek_"  # OpenAI's ephemeral keys look the same
@@ -176,8 +179,8 @@ class BearerAuth:
                 if digest is not None:
                     await self._place_call(digest, scope, receive, send)
                     return
-            hang_up = CALL_PATH.match(path)
-            if method == "DELETE" and hang_up and self.secrets.placed(token, hang_up[1]):
+            hang_up = HANG_UP.match(f"{method} {path}")
+            if hang_up and self.secrets.placed(token, hang_up[1] or hang_up[2]):
                 await self.app(scope, receive, send)
                 return
         client = scope.get("client") or ("?", 0)

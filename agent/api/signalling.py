@@ -8,9 +8,10 @@ import logging
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from agent.api.offer import MULTIPART, SDP, OfferError, read_offer
 from agent.calls.registry import CallLimitError, CallRegistry
 from agent.ops import logs
-from media.sdp import SdpError, check_offer
+from agent.realtime.session_config import SessionConfigError
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -55,19 +56,17 @@ def call_location(prefix: str, call_id: str) -> str:
 async def create_call(request: Request) -> Response:
     """Answer a caller's SDP offer and start the call."""
     settings = request.app.state.settings
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type != "application/sdp":
-        return json_error(415, "unsupported_media_type", "send the offer as application/sdp")
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() not in (SDP, MULTIPART):
+        return json_error(415, "unsupported_media_type",
+                          f"send the offer as {SDP}, or as {MULTIPART} with sdp and session")
     body = await read_body(request, settings.max_sdp_bytes)
     if body is None:
         return json_error(413, "sdp_too_large", f"offer exceeds {settings.max_sdp_bytes} bytes")
     try:
-        offer = body.decode("utf-8")
-        check_offer(offer)
-    except UnicodeDecodeError:
-        return json_error(400, "invalid_sdp", "offer is not UTF-8 text")
-    except SdpError as exc:
-        return json_error(400, "invalid_sdp", str(exc))
+        offer = read_offer(content_type, body)
+    except OfferError as exc:
+        return json_error(exc.status, exc.code, exc.message)
     readiness = request.app.state.readiness
     if readiness.draining:  # told to stop: the caller should retry, on another server
         return refuse(request, 503, "server_draining", readiness.summary(),
@@ -88,8 +87,12 @@ async def create_call(request: Request) -> Response:
     logs.bind_call(call.id)  # this request, and every task the call starts from here
     try:
         answer = await asyncio.wait_for(
-            call.answer(offer, request.app.state.handler_factory), NEGOTIATION_TIMEOUT_S
+            call.answer(offer.sdp, request.app.state.handler_factory, offer.session),
+            NEGOTIATION_TIMEOUT_S,
         )
+    except SessionConfigError as exc:
+        await call.close()
+        return json_error(400, "invalid_session", f"session: {exc}")
     except TimeoutError:
         await call.close()
         return refuse(request, 504, "negotiation_timeout", "could not build an answer in time")
@@ -108,8 +111,9 @@ async def create_call(request: Request) -> Response:
 
 
 @router.delete("/v1/realtime/calls/{call_id}", status_code=204)
+@router.post("/v1/realtime/calls/{call_id}/hangup", status_code=204)
 async def hang_up(call_id: str, request: Request) -> Response:
-    """End a call."""
+    """End a call (DELETE, or the `hangup` action as OpenAI's SDK sends it)."""
     call = request.app.state.calls.get(call_id)
     if call is None:
         return json_error(404, "call_not_found", f"no call {call_id!r}")

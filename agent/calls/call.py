@@ -30,6 +30,7 @@ from agent.realtime.server_events import (
     speech_started,
     speech_stopped,
 )
+from agent.realtime.session_config import SessionConfig, configure
 from media.encoded_audio import EncodedAudioTrack
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
@@ -81,6 +82,8 @@ class Call:
     ) -> None:
         self.id = new_id("rtc")
         self.settings = settings
+        # The conversation's settings at the start: the server's, or the offer's session.
+        self.conversation = settings.conversation
         self.pc: RTCPeerConnection = new_peer_connection(settings.ice_servers)
         self.outbound = OutboundAudioTrack(max_queue_ms=settings.outbound_queue_ms)
         self.inbound: InboundAudio | None = None  # the caller's audio, once its track arrives
@@ -103,9 +106,15 @@ class Call:
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_connection_state)
 
-    async def answer(self, offer_sdp: str, handler_factory: HandlerFactory | None) -> str:
-        """Negotiate the call; on any failure the peer connection is closed before raising."""
+    async def answer(self, offer_sdp: str, handler_factory: HandlerFactory | None,
+                     session: Any = None) -> str:
+        """Negotiate the call, starting with the session object given with the offer (if any);
+        on any failure the peer connection is closed before raising."""
         try:
+            if session is not None:  # SessionConfigError: refused before any negotiation
+                start = configure(session, SessionConfig(self.conversation, self.vad.config))
+                self.conversation = start.conversation
+                self.vad.reconfigure(start.vad)
             await apply_offer(self.pc, offer_sdp)
             hold_inbound_audio(self.pc, self.settings.inbound_jitter_packets)
             # The codec is asked for at the first frame, after negotiation: by then `sender`,
@@ -138,7 +147,7 @@ class Call:
         if describe is not None:
             return describe()
         return session_object(
-            self.id, self.settings.profile, self.settings.conversation, self.vad.config
+            self.id, self.settings.profile, self.conversation, self.vad.config
         )
 
     # -- peer connection callbacks --------------------------------------------------------
@@ -164,9 +173,12 @@ class Call:
         while self._pending:
             self.send_event(self._pending.popleft())
 
-    async def _on_connection_state(self) -> None:
-        if self.pc.connectionState in ("failed", "closed"):
-            await self.close(f"connection_{self.pc.connectionState}")
+    def _on_connection_state(self) -> None:
+        # Read the state as it is emitted: a failed ICE transport closes DTLS, which makes
+        # aiortc close the peer connection, so by the time a task ran it would say "closed".
+        state = self.pc.connectionState
+        if state in ("failed", "closed"):
+            self.spawn(self.close(f"connection_{state}"))
 
     async def _connect_watchdog(self) -> None:
         await asyncio.sleep(CONNECT_TIMEOUT_S)

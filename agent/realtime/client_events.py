@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,21 +15,12 @@ from agent.realtime.server_events import (
     session_updated,
     user_text_item,
 )
-from media.vad import VadConfig
+from agent.realtime.session_config import configure
 
 if TYPE_CHECKING:
     from agent.realtime.session import Session
 
 log = logging.getLogger(__name__)
-
-MAX_REPLY_TOKENS = 4096  # what "inf" means here: the Thinker's context bounds it anyway
-# OpenAI's VAD threshold (0..1) onto webrtcvad's aggressiveness (0..3).
-_THRESHOLDS = ((0.35, 0), (0.55, 1), (0.75, 2))
-
-
-def aggressiveness(threshold: float) -> int:
-    return next((mode for limit, mode in _THRESHOLDS if threshold < limit), 3)
-
 
 class ClientEvents:
     """The session's half that listens: one handler per client event type, in one table."""
@@ -63,51 +53,17 @@ class ClientEvents:
 
     def session_update(self, event: Any) -> None:
         """Apply every change or none: a bad value is an `error` and the session stays as is."""
-        update, live = event.session, self.session
-        audio = getattr(update, "audio", None)
-        detection = getattr(getattr(audio, "input", None), "turn_detection", None)
-        max_tokens = getattr(update, "max_output_tokens", None)
+        live = self.session
         try:
-            vad = self._vad_config(detection) if detection is not None else None
-            if max_tokens not in (None, "inf") and not 1 <= max_tokens <= MAX_REPLY_TOKENS:
-                raise ValueError(f"max_output_tokens must be 1..{MAX_REPLY_TOKENS} or 'inf'")
+            config = configure(event.session, live.config())
         except ValueError as exc:
             live.call.send_event(
                 error_event(f"session.update: {exc}", code="invalid_value",
                             event_id=event.event_id)
             )
             return
-        if max_tokens is not None:
-            live.settings.max_reply_tokens = MAX_REPLY_TOKENS if max_tokens == "inf" else max_tokens
-        if getattr(update, "instructions", None) is not None:
-            live.settings.instructions = update.instructions
-            live.conversation.instructions = update.instructions
-        output = getattr(audio, "output", None) if audio else None
-        if output is not None and output.voice is not None:
-            live.settings.voice = getattr(output.voice, "id", output.voice)  # a custom voice
-        if vad is not None:
-            live.call.vad.reconfigure(vad)
-            self._apply_turn_detection(detection)
+        live.apply(config)
         live.call.send_event(session_updated(live.session_object()))
-
-    def _vad_config(self, detection: Any) -> VadConfig:
-        """The VAD settings `detection` asks for; ValueError if they are not valid."""
-        if detection.type != "server_vad":
-            raise ValueError(f"turn_detection {detection.type!r} is not supported (server_vad)")
-        changes: dict[str, int] = {}
-        if detection.silence_duration_ms is not None:
-            changes["silence_ms"] = detection.silence_duration_ms
-        if detection.prefix_padding_ms is not None:
-            changes["preroll_ms"] = detection.prefix_padding_ms
-        if detection.threshold is not None:
-            changes["aggressiveness"] = aggressiveness(detection.threshold)
-        return dataclasses.replace(self.session.call.vad.config, **changes)
-
-    def _apply_turn_detection(self, detection: Any) -> None:
-        if detection.interrupt_response is not None:
-            self.session.settings.barge_in = detection.interrupt_response
-        if detection.create_response is not None:
-            self.session.settings.create_response = detection.create_response
 
     def response_create(self, event: Any) -> None:
         if self.session.reply is not None:

@@ -33,6 +33,7 @@ from agent.realtime.server_events import (
     usage_object,
     user_audio_item,
 )
+from agent.realtime.session_config import SessionConfig
 from media.vad import SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 
@@ -67,6 +68,17 @@ class Session:
         return session_object(
             self.call.id, self.call.settings.profile, self.settings, self.call.vad.config
         )
+
+    def config(self) -> SessionConfig:
+        """The conversation and VAD settings the call runs with now."""
+        return SessionConfig(self.settings, self.call.vad.config)
+
+    def apply(self, config: SessionConfig) -> None:
+        """Run with `config` from now on (a `session.update` already checked)."""
+        self.settings = config.conversation
+        self.conversation.instructions = config.conversation.instructions
+        if config.vad != self.call.vad.config:
+            self.call.vad.reconfigure(config.vad)
 
     def on_client_event(self, event: Any) -> None:
         self.client_events.dispatch(event)

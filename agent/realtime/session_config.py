@@ -1,0 +1,77 @@
+"""A Realtime session object (the call's `session` at its start, or a `session.update`) turned
+into the conversation and VAD settings it asks for: every change, or a ValueError and none."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from agent.config import ConversationSettings
+from media.vad import VadConfig
+
+MAX_REPLY_TOKENS = 4096  # what "inf" means here: the Thinker's context bounds it anyway
+# OpenAI's VAD threshold (0..1) onto webrtcvad's aggressiveness (0..3).
+_THRESHOLDS = ((0.35, 0), (0.55, 1), (0.75, 2))
+
+
+def aggressiveness(threshold: float) -> int:
+    return next((mode for limit, mode in _THRESHOLDS if threshold < limit), 3)
+
+
+class SessionConfigError(ValueError):
+    """A session object asking for a value this server refuses (the message names it)."""
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """What a call's conversation and its VAD run with."""
+
+    conversation: ConversationSettings
+    vad: VadConfig
+
+
+def configure(update: Any, current: SessionConfig) -> SessionConfig:
+    """`current` with the changes the session object `update` asks for (openai's
+    `RealtimeSessionCreateRequest` shape); SessionConfigError naming the first value refused."""
+    conversation = current.conversation.model_copy()
+    audio = getattr(update, "audio", None)
+    detection = getattr(getattr(audio, "input", None), "turn_detection", None)
+    max_tokens = getattr(update, "max_output_tokens", None)
+    if max_tokens is not None:
+        if max_tokens != "inf" and not 1 <= max_tokens <= MAX_REPLY_TOKENS:
+            raise SessionConfigError(f"max_output_tokens must be 1..{MAX_REPLY_TOKENS} or 'inf'")
+        conversation.max_reply_tokens = MAX_REPLY_TOKENS if max_tokens == "inf" else max_tokens
+    if getattr(update, "instructions", None) is not None:
+        conversation.instructions = update.instructions
+    output = getattr(audio, "output", None) if audio else None
+    if output is not None and output.voice is not None:
+        conversation.voice = getattr(output.voice, "id", output.voice)  # a custom voice
+    vad = current.vad
+    if detection is not None:
+        vad = _vad(detection, vad)
+        if detection.interrupt_response is not None:
+            conversation.barge_in = detection.interrupt_response
+        if detection.create_response is not None:
+            conversation.create_response = detection.create_response
+    return SessionConfig(conversation, vad)
+
+
+def _vad(detection: Any, current: VadConfig) -> VadConfig:
+    """The VAD settings `detection` asks for; SessionConfigError if they are not valid."""
+    if detection.type != "server_vad":
+        raise SessionConfigError(f"turn_detection {detection.type!r} is not supported (server_vad)")
+    changes: dict[str, int] = {}
+    if detection.silence_duration_ms is not None:
+        changes["silence_ms"] = detection.silence_duration_ms
+    if detection.prefix_padding_ms is not None:
+        changes["preroll_ms"] = detection.prefix_padding_ms
+    if detection.threshold is not None:
+        changes["aggressiveness"] = aggressiveness(detection.threshold)
+    try:
+        return dataclasses.replace(current, **changes)
+    except ValidationError as exc:  # one line for the caller, not pydantic's report
+        first = exc.errors()[0]
+        raise SessionConfigError(f"turn_detection: {first['loc'][-1]}: {first['msg']}") from None
