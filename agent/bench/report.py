@@ -17,18 +17,18 @@ def verdict(met: bool) -> str:
 def print_pipeline_report(result: dict[str, Any]) -> None:
     """The `omnivox bench pipeline` figures as three small tables."""
     print("shared memory vs pickling through a pipe (one tensor, process to process)")
-    print(f"  {'bytes':>10} {'shm copy ms':>12} {'shm in place ms':>16} {'pickle ms':>10} "
-          f"{'ratio':>7} {'in-place ratio':>15}")
+    # The product's path: the producer computes into a leased block, the consumer reads a view.
+    print(f"  {'bytes':>10} {'product path ms':>16} {'pickle ms':>10} {'ratio':>7} "
+          f"{'copy into a block ms':>21} {'ratio':>7}")
     for row in result["shm_vs_pickle"]:
-        print(f"  {row['bytes']:>10} {row['shm_s'] * 1e3:>12.3f} "
-              f"{row.get('shm_inplace_s', float('nan')) * 1e3:>16.3f} "
-              f"{row['pickle_s'] * 1e3:>10.3f} {row['ratio']:>7.1f} "
-              f"{row.get('inplace_ratio', float('nan')):>15.1f}")
+        print(f"  {row['bytes']:>10} {row['shm_inplace_s'] * 1e3:>16.3f} "
+              f"{row['pickle_s'] * 1e3:>10.3f} {row['inplace_ratio']:>7.1f} "
+              f"{row['shm_s'] * 1e3:>21.3f} {row['ratio']:>7.1f}")
     at_mib = [r for r in result["shm_vs_pickle"] if r["bytes"] == 1 << 20]
     if at_mib:
-        best = max(at_mib[0]["ratio"], at_mib[0].get("inplace_ratio", 0.0))
-        print(f"  target: >= {SHM_TARGET_RATIO:.0f}x at 1 MiB: {best:.1f}x "
-              f"({verdict(best >= SHM_TARGET_RATIO)})")
+        ratio = at_mib[0]["inplace_ratio"]
+        print(f"  target: the product path >= {SHM_TARGET_RATIO:.0f}x pickling at 1 MiB: "
+              f"{ratio:.1f}x ({verdict(ratio >= SHM_TARGET_RATIO)})")
     c = result["cascade_vs_sequential"]
     print(f"\ncascade vs sequential, {c['reply_tokens']}-token reply, first audio")
     print(f"  cascade {c['cascade_first_audio_s'] * 1e3:.0f} ms, sequential "
