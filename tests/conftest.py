@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 # Admission control judges the API process's event loop. Most tests run the server in their own
 # loop beside their callers, or start many engines on 2 cores: that loop's lag then measures
 # the test, not the server's call plane. So it is off for the servers tests start (in process
-# and, through the environment, in their own processes), except where a test turns it on:
-# tests/test_admission.py, and test_load's server.
+# and, through the environment, in their own processes), except where a test turns it on
+# (tests/test_admission.py). test_load holds its 32 calls with it off: it measures what the
+# server carries when every call is admitted.
 os.environ.setdefault("OMNIVOX_ADMISSION_MAX_LOOP_LAG_MS", "0")
 os.environ.setdefault("OMNIVOX_ADMISSION_MAX_CPU_WAIT", "0")
 
