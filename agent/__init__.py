@@ -1,0 +1,1 @@
+"""The omnivox server: the command line, the app, and its calls, protocol and operations."""
