@@ -14,16 +14,19 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from pipeline.engines import vllm_internals
+from pipeline.engines import vllm_internals, vllm_noise
 from pipeline.engines.pins import EngineVersions, check_engine_versions
 
 if TYPE_CHECKING:
     import torch
+    from vllm.config.model import ModelDType
+    from vllm.config.structured_outputs import StructuredOutputsBackend
+    from vllm.inputs import EmbedsPrompt, TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
@@ -123,7 +126,11 @@ class VllmEngine:
         self._llm: AsyncLLM | None = llm
         self.settings = settings
         self.versions = versions
-        self.dtype: torch.dtype = llm.model_config.dtype
+        dtype = llm.model_config.dtype
+        # A dtype name ("auto", "float32") is what vLLM is given; its ModelConfig resolves it
+        # to a torch.dtype as the engine is configured, before from_engine_args returns.
+        assert not isinstance(dtype, str), f"vLLM left the model dtype unresolved: {dtype!r}"
+        self.dtype: torch.dtype = dtype
         self.on_cpu = vllm_internals.runs_on_cpu(llm)
         self._seed_dropped = False  # logged once
 
@@ -163,14 +170,15 @@ class VllmEngine:
 
     async def generate(
         self, request_id: str, prompt: list[int] | torch.Tensor, sampling: Sampling
-    ) -> AsyncIterator[Delta]:
+    ) -> AsyncGenerator[Delta, None]:
         """Stream one request's output as deltas; the last has finished=True.
 
         `prompt` is token ids or a (n, hidden) prompt_embeds tensor. Closing or cancelling the
         iteration aborts the request in vLLM (vLLM's generate() does that on GeneratorExit).
         """
+        engine_prompt: TokensPrompt | EmbedsPrompt
         if isinstance(prompt, list):
-            engine_prompt: dict[str, Any] = {"prompt_token_ids": prompt}
+            engine_prompt = {"prompt_token_ids": prompt}
         else:
             engine_prompt = {"prompt_embeds": prompt.to(self.dtype)}
         params = self._sampling_params(sampling)
@@ -249,13 +257,19 @@ class VllmEngine:
 
 def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
     """Build vLLM's engine arguments and start the engine (blocking: several seconds)."""
+    vllm_noise.quiet_engine_start()  # first: it must precede vLLM's import
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    # Unset, vLLM's own default fraction applies (an explicit None is not the same).
+    memory_fraction: dict[str, Any] = (
+        {"gpu_memory_utilization": settings.gpu_memory_utilization}
+        if settings.gpu_memory_utilization is not None else {})
     args = AsyncEngineArgs(
         model=settings.model,
-        dtype=settings.dtype,
+        # Names vLLM itself validates (EngineSettings keeps them plain strings).
+        dtype=cast("ModelDType", settings.dtype),
         max_model_len=settings.max_model_len,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
         enforce_eager=settings.enforce_eager,
@@ -267,12 +281,11 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         tensor_parallel_size=settings.tensor_parallel_size,
         pipeline_parallel_size=settings.pipeline_parallel_size,
         structured_outputs_config=StructuredOutputsConfig(
-            backend=settings.structured_outputs_backend,
+            backend=cast("StructuredOutputsBackend", settings.structured_outputs_backend),
             disable_any_whitespace=settings.disable_any_whitespace,
         ),
         disable_log_stats=True,
-        **({"gpu_memory_utilization": settings.gpu_memory_utilization}
-           if settings.gpu_memory_utilization is not None else {}),
+        **memory_fraction,
     )
     # Engine creation reads the core binding from the environment as it spawns its processes.
     with vllm_internals.cpu_binding(settings.cpu_cores):

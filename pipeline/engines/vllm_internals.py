@@ -22,15 +22,20 @@ What each touches, and what upstream offers or would take instead:
 - `runs_on_cpu`: `AsyncLLM.vllm_config.device_config.device_type`, the device the engine was
   configured for (with `vllm.platforms.current_platform.is_cpu()` behind it, which is what
   "auto" resolves from). Upstream offers no public "which device does this engine run on".
+- `default_logging_config`: `vllm.logger.DEFAULT_LOGGING_CONFIG`, the `dictConfig` vLLM applies
+  when no `VLLM_LOGGING_CONFIG_PATH` is given; a file given there replaces it whole, so one that
+  only adds a filter (`vllm_noise`) starts from it. A documented default, or a way to add a
+  filter without replacing the config, would replace it.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -86,3 +91,11 @@ def cpu_binding(cores: str | None) -> Iterator[None]:
                 os.environ.pop(CPU_BIND_ENV, None)
             else:
                 os.environ[CPU_BIND_ENV] = previous
+
+
+def default_logging_config() -> dict[str, Any]:
+    """A copy of the logging config vLLM applies by default, as this environment makes it
+    (level, stream, colour). Imports vLLM's logger module, and with it vLLM and torch."""
+    from vllm.logger import DEFAULT_LOGGING_CONFIG
+
+    return copy.deepcopy(DEFAULT_LOGGING_CONFIG)
