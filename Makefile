@@ -57,10 +57,12 @@ run: setup
 models: setup
 	$(BIN)/omnivox models build $(PROFILE)
 
-# Style, then the architecture: the import contracts in pyproject.toml ([tool.importlinter]).
+# Style, then the architecture: the import contracts in pyproject.toml ([tool.importlinter]),
+# then the types of media and pipeline ([tool.mypy]).
 lint: setup
 	$(BIN)/ruff check agent media pipeline tests
 	$(BIN)/lint-imports
+	$(BIN)/mypy media pipeline
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,1 @@
+"""Model stages: stage contract, shared-memory pool, workers, supervisor, engines, families."""

@@ -90,9 +90,10 @@ async def run() -> dict[str, Any]:
 def main() -> int:
     try:
         import torch
+        has_cuda = torch.cuda.is_available()
     except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
+        has_cuda = False
+    if not has_cuda:
         print("bench_cuda_ipc: no CUDA device here; this benchmark runs on GPU hosts only")
         return 0
     result = asyncio.run(run())

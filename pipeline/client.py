@@ -18,7 +18,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any
 
 import zmq
@@ -135,7 +135,7 @@ class StageClient:
         monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         sock.connect(self.endpoint)
         self._sock = sock
-        self._tasks = [asyncio.create_task(self._receive()),
+        self._tasks = [asyncio.create_task(self._receive(sock)),
                        asyncio.create_task(self._watch(monitor))]
 
     async def close(self) -> None:
@@ -149,7 +149,7 @@ class StageClient:
             self._sock.close()
 
     async def submit(self, job: Job, on_sent: Callable[[], None] | None = None
-                     ) -> AsyncIterator[Output]:
+                     ) -> AsyncGenerator[Output, None]:
         """Run `job` in the worker, yielding its outputs until the one with finished=True.
 
         `on_sent` is called once the job has left for the worker (whoever passed tensors on in
@@ -158,9 +158,11 @@ class StageClient:
         if rid in self._inboxes:
             raise ValueError(f"request {rid} is already in flight")
         await self.wait_connected()
+        sock = self._sock
+        assert sock is not None  # wait_connected() raised otherwise
         inbox = self._inboxes[rid] = _Inbox(self.queue_size)
         try:
-            await self._sock.send(encode(job))
+            await sock.send(encode(job))
             if on_sent is not None:
                 on_sent()
             while (output := await self._next(inbox, rid)) is not None:
@@ -221,7 +223,7 @@ class StageClient:
         await self.wait_connected()
         ack = next(self._ack_ids)
         reply = await self._request(Inspect(ack), ack, "inspect", INSPECT_TIMEOUT_S)
-        if reply is None:
+        if not isinstance(reply, InspectReply):  # None: the worker died (fail_pending)
             raise StageFailedError(self.stage, "the worker went away during inspect")
         return reply
 
@@ -254,9 +256,11 @@ class StageClient:
             ) from None
 
     async def _request(self, msg: Any, ack: int, what: str, timeout_s: float) -> Any:
+        sock = self._sock
+        assert sock is not None  # only asked of a connected client (see abort, inspect)
         fut = self._acks[ack] = asyncio.get_running_loop().create_future()
         try:
-            await self._sock.send(encode(msg))
+            await sock.send(encode(msg))
             async with asyncio.timeout(timeout_s):
                 return await fut
         except TimeoutError:
@@ -270,7 +274,8 @@ class StageClient:
         if self._sock is None or not self.connected:
             return
         try:
-            fut = self._sock.send(encode(msg))
+            # A Future on asyncio (pyzmq types it as any awaitable): ensure_future returns it.
+            fut = asyncio.ensure_future(self._sock.send(encode(msg)))
         except zmq.ZMQError as exc:
             logger.warning("stage %s: send failed: %s", self.stage, exc)
             return
@@ -282,9 +287,9 @@ class StageClient:
         if not fut.cancelled() and fut.exception() is not None:
             logger.warning("stage %s: send failed: %s", self.stage, fut.exception())
 
-    async def _receive(self) -> None:
+    async def _receive(self, sock: zmq.asyncio.Socket) -> None:
         while True:
-            payload = await self._sock.recv()
+            payload = await sock.recv()
             try:
                 msg = worker_decoder.decode(payload)
             except Exception as exc:

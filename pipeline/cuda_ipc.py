@@ -180,29 +180,21 @@ class CudaIpcExporter:
             _torch().cuda.ipc_collect()  # frees what consumers have unmapped since
         return unknown
 
-    def forget_all(self) -> int:
-        """Drop every pending clone (the consumer died); how many were dropped."""
-        count = len(self._pending)
-        self._pending.clear()
-        self._released.set()
-        if count:
-            logger.warning("dropped %d CUDA IPC exports of a consumer that went away", count)
-        return count
-
 
 def import_cuda(ref: CudaIpcRef) -> torch.Tensor:
     """The CUDA tensor another process exported, mapped without a copy (same GPU host)."""
-    torch = _torch()
+    torch_ = _torch()
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    dtype = getattr(torch, ref.dtype, None)
-    if not isinstance(dtype, torch.dtype):
+    dtype = getattr(torch_, ref.dtype, None)
+    if not isinstance(dtype, torch_.dtype):
         raise TypeError(f"unknown dtype {ref.dtype!r} in CUDA IPC transfer {ref.transfer}")
-    return rebuild_cuda_tensor(
-        torch.Tensor, torch.Size(ref.shape), ref.stride, ref.storage_offset,
-        torch.storage.TypedStorage, dtype, ref.device, ref.handle,
+    tensor: torch.Tensor = rebuild_cuda_tensor(
+        torch_.Tensor, torch_.Size(ref.shape), ref.stride, ref.storage_offset,
+        torch_.storage.TypedStorage, dtype, ref.device, ref.handle,
         ref.storage_size_bytes, ref.storage_offset_bytes, False, ref.ref_counter_handle,
         ref.ref_counter_offset, ref.event_handle, ref.event_sync_required)
+    return tensor
 
 
 class CudaIpcImports:
@@ -226,13 +218,13 @@ class CudaIpcImports:
 
     def open(self, refs: Iterable[TensorRef]) -> None:
         """Map these refs' CUDA exports (blocks need nothing); on failure, none stays mapped."""
-        refs = [ref for ref in refs if isinstance(ref, CudaIpcRef)]
-        if refs and "torch" not in sys.modules:
-            raise RuntimeError(f"{len(refs)} CUDA IPC tensors came to a stage that does not use "
+        exports = [ref for ref in refs if isinstance(ref, CudaIpcRef)]
+        if exports and "torch" not in sys.modules:
+            raise RuntimeError(f"{len(exports)} CUDA IPC tensors came to a stage that does not use "
                                f"torch, which cannot read them (turn the pipeline's cuda_ipc off "
                                f"for a consumer without CUDA)")
         opened: list[tuple[str, int]] = []
-        for index, ref in enumerate(refs):
+        for index, ref in enumerate(exports):
             try:
                 self._held[ref.stage, ref.transfer] = import_cuda(ref)
             except Exception:
@@ -240,7 +232,7 @@ class CudaIpcImports:
                     del self._held[key]  # their maps give their counts back
                 # torch sets up a map's count return only once the map exists: the failed
                 # one and the rest will never give theirs back, so it is done here.
-                self.refuse(refs[index:])
+                self.refuse(exports[index:])
                 raise
             opened.append((ref.stage, ref.transfer))
 
@@ -261,12 +253,12 @@ class CudaIpcImports:
     @staticmethod
     def refuse(refs: Iterable[TensorRef]) -> None:
         """Give back torch's count of exports this consumer will never map (a refused job)."""
-        refs = [ref for ref in refs if isinstance(ref, CudaIpcRef)]
-        if refs and "torch" not in sys.modules:  # a stage without torch never maps any
+        exports = [ref for ref in refs if isinstance(ref, CudaIpcRef)]
+        if exports and "torch" not in sys.modules:  # a stage without torch never maps any
             logger.error("%d CUDA IPC exports refused by a stage without torch stay allocated "
-                         "in their producer", len(refs))
+                         "in their producer", len(exports))
             return
-        for ref in refs:
+        for ref in exports:
             with contextlib.suppress(Exception):  # best effort: its producer may be gone
                 release_ipc_counter(ref)
 

@@ -77,9 +77,10 @@ class Pipeline:
             await ensure_models(s.family, s.models_dir)
         self._dir = tempfile.mkdtemp(prefix="omnivox-")  # private (0700): our ipc sockets
         name = f"omnivox-{os.getpid()}-{secrets.token_hex(4)}"
-        self.pool = await asyncio.to_thread(BlockPool.create, name, s.pool.block_count,
-                                            s.pool.block_size, owner=API_OWNER)
-        specs = [self._spec(stage, API_OWNER + 1 + i) for i, stage in enumerate(STAGE_ORDER)]
+        self.pool = pool = await asyncio.to_thread(BlockPool.create, name, s.pool.block_count,
+                                                   s.pool.block_size, owner=API_OWNER)
+        specs = [self._spec(stage, API_OWNER + 1 + i, pool.name)
+                 for i, stage in enumerate(STAGE_ORDER)]
         for spec in specs:
             client = StageClient(spec.stage, spec.endpoint, self.pool, queue_size=s.request_queue,
                                  abort_timeout_s=s.abort_timeout_s,
@@ -146,7 +147,7 @@ class Pipeline:
                 if isinstance(event, (TurnDone, TurnFailed)):
                     return
         finally:
-            if not run.cancelled and not run.task.done():
+            if not run.cancelled and run.task is not None and not run.task.done():
                 await run.cancel()
             del self._runs[turn.turn_id]
 
@@ -204,11 +205,11 @@ class Pipeline:
             except Exception:  # one broken listener must not silence the others
                 logger.exception("stage-failure listener %r failed", listener)
 
-    def _spec(self, stage: str, owner: int) -> WorkerSpec:
+    def _spec(self, stage: str, owner: int, pool_name: str) -> WorkerSpec:
         s = self.settings
         return WorkerSpec(
             stage=stage, family=s.family, endpoint=f"ipc://{self._dir}/{stage}.sock",
-            control_endpoint=f"ipc://{self._dir}/control.sock", pool_name=self.pool.name,
+            control_endpoint=f"ipc://{self._dir}/control.sock", pool_name=pool_name,
             owner=owner, settings=s.stages.get(stage, {}), models_dir=str(s.models_dir),
             heartbeat_s=s.restart.heartbeat_s,
             stop_timeout_s=s.restart.stop_timeout_s, log_level=s.log_level,

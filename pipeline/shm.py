@@ -1,12 +1,12 @@
 """Shared-memory block pool: how tensors cross between omnivox's processes on one host.
 
-The owner (the supervisor, in the API process) creates one POSIX shared-memory segment at start:
-a header every process reads and writes (per block: state, owner tag, generation), then the data
-blocks. Others attach by name. A writer leases a free block and computes the tensor straight
-into it (`lease`; `write`/`put` copy in a tensor it already has), then sends only a `BlockRef`
-on the control channel; the reader maps a zero-copy view and releases the block after its last
-read. A full pool is back-pressure (a wait, then `PoolExhaustedError`), never a copy or a new
-allocation."""
+The pipeline (`orchestrator.Pipeline`, in the API process) creates one POSIX shared-memory
+segment at start: a header every process reads and writes (per block: state, owner tag,
+generation), then the data blocks. The stage workers attach by name. A writer leases a free
+block and computes the tensor straight into it (`lease`; `write`/`put` copy in a tensor it
+already has), then sends only a `BlockRef` on the control channel; the reader maps a zero-copy
+view and releases the block after its last read. A full pool is back-pressure (a wait, then
+`PoolExhaustedError`), never a copy or a new allocation."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import TYPE_CHECKING, Any
@@ -86,7 +86,12 @@ def _open_untracked(name: str) -> SharedMemory:
         return SharedMemory(name=name, track=False)  # type: ignore[call-arg]
     with _TRACKER_PATCH:
         register = resource_tracker.register
-        resource_tracker.register = lambda n, rtype: rtype == "shared_memory" or register(n, rtype)
+
+        def register_unless_shm(name: Sized, rtype: str) -> None:
+            if rtype != "shared_memory":
+                register(name, rtype)
+
+        resource_tracker.register = register_unless_shm
         try:
             return SharedMemory(name=name)
         finally:
@@ -113,7 +118,9 @@ class BlockPool:
         if owner <= 0:
             raise ValueError(f"owner tag must be a positive int, got {owner}")
         self.name, self.owner = shm.name.lstrip("/"), owner
-        self._shm, self._buf, self._created, self._lock = shm, shm.buf, created, _Lock(fd)
+        buf = shm.buf
+        assert buf is not None  # None only once closed; the segment was just created or attached
+        self._shm, self._buf, self._created, self._lock = shm, buf, created, _Lock(fd)
         words = np.ndarray((_HEADER_WORDS,), np.int64, shm.buf, 0)
         if words[0] != _MAGIC or words[1] != _VERSION:
             raise ValueError(f"shared memory {self.name!r} is not an omnivox block pool")
@@ -140,9 +147,11 @@ class BlockPool:
         fd = os.open(path, os.O_RDWR)
         try:
             os.posix_fallocate(fd, 0, total)  # reserve every page now: ENOSPC here, not SIGBUS
+            buf = shm.buf
+            assert buf is not None  # None only once closed
             header = (_VERSION, block_count, block_size, stride, data_offset)
-            shm.buf[8:48] = np.array(header, np.int64).tobytes()
-            shm.buf[:8] = np.int64(_MAGIC).tobytes()  # last: a half-written header is no pool
+            buf[8:48] = np.array(header, np.int64).tobytes()
+            buf[:8] = np.int64(_MAGIC).tobytes()  # last: a half-written header is no pool
             pool = cls(shm, owner, fd, created=True)
         except BaseException:
             os.close(fd)
@@ -234,7 +243,11 @@ class BlockPool:
         try:
             return await asyncio.shield(copy)
         except asyncio.CancelledError:  # the copy runs on: give its block back once it ends
-            copy.add_done_callback(lambda done: done.exception() or self.release(done.result()))
+            def give_back(done: asyncio.Future[BlockRef]) -> None:
+                if done.exception() is None:
+                    self.release(done.result())
+
+            copy.add_done_callback(give_back)
             raise
 
     def view(self, ref: BlockRef) -> np.ndarray:

@@ -57,7 +57,9 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    if not isinstance(dtype := getattr(torch_module(), name, None), torch_module().dtype):
+    import torch  # lazy, as torch_module(); typed here
+
+    if not isinstance(dtype := getattr(torch, name, None), torch.dtype):
         raise TypeError(f"unknown dtype {name!r}")
     return dtype
 
@@ -79,4 +81,5 @@ def tensor_at(buf: memoryview, offset: int, dtype: str, shape: tuple[int, ...],
               nbytes: int) -> torch.Tensor:
     """A CPU torch tensor over `buf` at `offset`, through bytes: torch has dtypes numpy lacks."""
     raw = np.ndarray((nbytes,), np.uint8, buf, offset)
-    return torch_module().from_numpy(raw).view(torch_dtype(dtype)).view(shape)
+    tensor: torch.Tensor = torch_module().from_numpy(raw).view(torch_dtype(dtype)).view(shape)
+    return tensor

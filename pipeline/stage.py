@@ -12,7 +12,7 @@ import abc
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import msgspec
 import numpy as np
@@ -97,6 +97,8 @@ class VoiceBoxOutput(msgspec.Struct, frozen=True, tag="voicebox_out"):
 
 Job = ThinkerJob | TalkerJob | VoiceBoxJob
 Output = ThinkerOutput | TalkerOutput | VoiceBoxOutput
+JobT = TypeVar("JobT", bound=Job)  # the jobs one stage takes
+OutputT = TypeVar("OutputT", bound=Output)  # and the outputs it yields
 
 
 def job_tensors(job: Job) -> list[TensorRef]:
@@ -172,11 +174,12 @@ class StageContext:
         """
         if not refs:
             raise ValueError("no tensor pieces to take")
-        if all(isinstance(ref, BlockRef) for ref in refs):
-            if len(refs) == 1:
-                return self.take(refs[0])
-            joined = np.concatenate([self.pool.view(ref) for ref in refs])
-            for ref in refs:
+        blocks = [ref for ref in refs if isinstance(ref, BlockRef)]
+        if len(blocks) == len(refs):
+            if len(blocks) == 1:
+                return self.take(blocks[0])
+            joined: np.ndarray = np.concatenate([self.pool.view(ref) for ref in blocks])
+            for ref in blocks:
                 self.pool.release(ref)
             return joined
         import torch  # here, not at the top: the API process imports this module
@@ -197,16 +200,17 @@ class StageContext:
         """
         if not refs:
             raise ValueError("no tensor pieces to take")
-        if not all(isinstance(ref, BlockRef) for ref in refs):
+        blocks = [ref for ref in refs if isinstance(ref, BlockRef)]
+        if len(blocks) != len(refs):
             yield self.take_tensors(refs)
             return
         views: list[np.ndarray] = []
         try:
-            views.extend(self.pool.take_view(ref) for ref in refs)  # each now this stage's
+            views.extend(self.pool.take_view(ref) for ref in blocks)  # each now this stage's
             yield views[0] if len(views) == 1 else np.concatenate(views)
         finally:
             views.clear()  # no view of ours outlives its block
-            for ref in refs:
+            for ref in blocks:
                 with contextlib.suppress(StaleBlockError):  # never viewed: its sender's
                     self.pool.release(ref)
 
@@ -223,8 +227,8 @@ class StageContext:
         self.imports.refuse(job_tensors(job))
 
 
-class Stage(abc.ABC):
-    """One model stage hosted in a worker process."""
+class Stage(abc.ABC, Generic[JobT, OutputT]):
+    """One model stage hosted in a worker process: its jobs are JobT, its outputs OutputT."""
 
     name: ClassVar[str]  # "thinker" | "talker" | "voicebox"
 
@@ -233,7 +237,7 @@ class Stage(abc.ABC):
         """Load weights and engines; raise with a clear message if that fails."""
 
     @abc.abstractmethod
-    def stream(self, job: Job) -> AsyncIterator[Output]:
+    def stream(self, job: JobT) -> AsyncIterator[OutputT]:
         """Run one job, yielding its outputs; the last one has finished=True."""
 
     @abc.abstractmethod
@@ -249,5 +253,5 @@ class Stage(abc.ABC):
         None. The worker reports it and the supervisor replaces the worker."""
         return None
 
-    async def stop(self) -> None:  # noqa: B027 - optional hook; stages without engines skip it
+    async def stop(self) -> None:  # an optional hook: stages without engines skip it
         """Shut the engine down."""

@@ -34,7 +34,16 @@ from pipeline.errors import PipelineError, StageFailedError
 from pipeline.events import AudioChunk, Event, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 from pipeline.settings import PipelineSettings
 from pipeline.shm import BlockPool, BlockRef, StaleBlockError
-from pipeline.stage import Job, Output, TalkerJob, ThinkerJob, VoiceBoxJob
+from pipeline.stage import (
+    Job,
+    Output,
+    TalkerJob,
+    TalkerOutput,
+    ThinkerJob,
+    ThinkerOutput,
+    VoiceBoxJob,
+    VoiceBoxOutput,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +186,7 @@ class TurnRun:
                              turn.response_format)
             async with self._stream("thinker", job) as outputs:
                 async for out in outputs:
+                    assert isinstance(out, ThinkerOutput)  # a stage answers its own jobs
                     embeds = self._receive("thinker", out.embeds)  # first: nothing may leak it
                     if out.transcript is not None:
                         self._mark("transcript_s")
@@ -198,7 +208,8 @@ class TurnRun:
 
     async def _talk(self, chunks: Channel[Chunk], groups: Channel[Group]) -> None:
         """Voice each chunk in order; the speech tokens so far are the next chunk's context."""
-        cascade, spoken = self.settings.cascade, []
+        cascade = self.settings.cascade
+        spoken: list[int] = []
         try:
             async for chunk in chunks:
                 self._usage["chunks"] += 1
@@ -221,6 +232,7 @@ class TurnRun:
                     async with self._stream("talker", job, on_sent) as outputs:
                         index = 0
                         async for out in outputs:
+                            assert isinstance(out, TalkerOutput)
                             if out.tokens:
                                 self._mark("first_speech_tokens_s")
                                 spoken.extend(out.tokens)
@@ -244,6 +256,7 @@ class TurnRun:
             waiting_since = time.monotonic()  # the VoiceBox's time, not the agent's
             async with self._stream("voicebox", job) as outputs:
                 async for out in outputs:
+                    assert isinstance(out, VoiceBoxOutput)
                     pcm = self._take("voicebox", out.pcm)
                     if pcm is None or not len(pcm):
                         continue

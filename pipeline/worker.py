@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,7 @@ class WorkerSpec:
 
 def load_stage_class(family: str, stage: str) -> type[Stage]:
     """The family's Stage class for `stage`: a family name, or a dotted module with STAGES."""
+    stages: Mapping[str, type[Stage]]  # what a family's module declares (see families)
     if "." in family:
         stages = importlib.import_module(family).STAGES
     else:
@@ -199,8 +201,8 @@ class JobServer:
                 if task.done():
                     task.result()  # a broken loop ends the worker: the supervisor restarts it
         finally:
-            for task in [stopped, *loops]:
-                task.cancel()
+            for pending in [stopped, *loops]:
+                pending.cancel()
 
     async def _receive(self) -> None:
         while True:

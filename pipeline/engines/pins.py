@@ -71,7 +71,7 @@ def check_engine_versions(project: str = PROJECT) -> EngineVersions:
         if pin is None:
             continue
         _require(pin, vllm_version, extra)
-        if (torch_pin := by_name.get("torch")) is not None:
+        if (torch_pin := by_name.get(canonicalize_name("torch"))) is not None:
             _require(torch_pin, torch_version, extra)
         return EngineVersions(extra, distribution, vllm_version, torch_version)
     raise EngineVersionError(

@@ -59,7 +59,8 @@ def write_manifest(root: Path, fields: Mapping[str, Any]) -> None:
 
 def read_manifest(family_dir: Path) -> dict[str, Any]:
     """A built family's manifest."""
-    return json.loads((Path(family_dir) / MANIFEST).read_text())
+    manifest: dict[str, Any] = json.loads((Path(family_dir) / MANIFEST).read_text())
+    return manifest
 
 
 def manifest_matches(family_dir: Path, expected: Mapping[str, Any]) -> bool:

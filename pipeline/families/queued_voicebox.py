@@ -79,9 +79,10 @@ class VoiceBoxJobs:
             return await entry.result
         except BaseException:  # cancelled after the PCM came: nobody else will give it back
             result = entry.result
-            if result.done() and not result.cancelled() and result.exception() is None \
-                    and result.result() is not None:
-                entry.discard(result.result())
+            if result.done() and not result.cancelled() and result.exception() is None:
+                pcm = result.result()
+                if pcm is not None:
+                    entry.discard(pcm)
             raise
         finally:
             if entry.waiting:  # the caller went away: the render task skips the job
@@ -125,7 +126,7 @@ class VoiceBoxJobs:
             self._by_request.pop(entry.job.request_id, None)
 
 
-class QueuedVoiceBox(Stage):
+class QueuedVoiceBox(Stage[VoiceBoxJob, VoiceBoxOutput]):
     """A VoiceBox stage whose jobs wait in a `VoiceBoxJobs` queue for its one render task.
 
     A subclass loads its model in start() and then calls `_serve`; its `_render_jobs` takes

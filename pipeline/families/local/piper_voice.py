@@ -66,7 +66,8 @@ class PiperVoice:
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),
             "scales": self.scales.as_input(),
         }
-        return self.session.run(None, inputs)[0].reshape(-1)
+        pcm: np.ndarray = self.session.run(None, inputs)[0].reshape(-1)
+        return pcm
 
     @staticmethod
     def finish(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

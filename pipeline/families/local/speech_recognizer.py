@@ -94,7 +94,7 @@ class SpeechRecognizer:
             beam_size=self.settings.beam_size, max_length=len(self._prompt) + most,
             return_no_speech_prob=True)[0]
         tokens = result.sequences_ids[0]
-        text = self._tokenizer.decode(tokens).strip()
+        text: str = self._tokenizer.decode(tokens).strip()
         if len(tokens) >= most or result.no_speech_prob > NO_SPEECH_LIMIT:
             return None
         if text and len(text.encode()) / len(zlib.compress(text.encode())) > COMPRESSION_LIMIT:

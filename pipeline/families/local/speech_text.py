@@ -17,7 +17,6 @@ _INLINE_MARKUP = re.compile(r"\*+|_{2,}|(?<!\w)_|_(?!\w)|`+|~~|\|")  # emphasis,
 _SPACES = re.compile(r"\s+")
 # Clause punctuation followed by a space or the end: "3.5" and "e-mail" are not cut.
 _CLAUSE_END = re.compile(r"([.,;:!?…]+)(?=\s|$)")
-SENTENCE_ENDS = frozenset(".!?")
 # Unicode categories that are never spoken: other symbols (emoji, dingbats), modifier symbols
 # (skin tones), enclosing marks (keycaps), format characters (zero-width joiners), private
 # use, surrogates.
@@ -31,10 +30,6 @@ class Phrase:
 
     text: str
     terminator: str = ""
-
-    @property
-    def ends_sentence(self) -> bool:
-        return self.terminator in SENTENCE_ENDS
 
 
 def speakable(text: str) -> str:

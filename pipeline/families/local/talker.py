@@ -35,7 +35,7 @@ def group_phrases(phonemes: list[str], first_group: int, group: int) -> list[str
     return groups
 
 
-class LocalTalker(Stage):
+class LocalTalker(Stage[TalkerJob, TalkerOutput]):
     """Talker on espeak-ng phonemes for the Piper voice en_US-joe-medium."""
 
     name = "talker"

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+import numpy as np
+
 from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
 from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.local.build import ASR_DIR, LLM_DIR
@@ -40,7 +42,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "short, plain sentences. Never use markdown, lists or emoji. Write numbers as words.")
 
 
-class LocalThinker(Stage):
+class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
     """Thinker on Whisper tiny.en (CTranslate2) and SmolLM2-135M-Instruct (vLLM)."""
 
     name = "thinker"
@@ -92,6 +94,7 @@ class LocalThinker(Stage):
         """The caller's words, the audio read in place (its float conversion being its only
         copy) and released once heard; in the hearing thread."""
         with self.ctx.read_tensors([audio]) as samples:
+            assert isinstance(samples, np.ndarray)  # blocks alone are read as a numpy view
             return self.recognizer.transcribe(samples)
 
     def prompt_ids(self, messages: list[dict[str, str]], max_tokens: int) -> list[int]:

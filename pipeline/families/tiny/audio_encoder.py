@@ -54,6 +54,8 @@ def log_mel(wave: torch.Tensor, filters: torch.Tensor) -> torch.Tensor:
 class TinyAudioEncoder(nn.Module):
     """Log-mel frames -> (frames / 4, hidden) embeddings."""
 
+    mel_filters: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, hidden_size: int, width: int = 128) -> None:
         super().__init__()
         self.register_buffer("mel_filters", mel_filterbank(N_MELS, N_FFT, SAMPLE_RATE))
@@ -69,7 +71,7 @@ class TinyAudioEncoder(nn.Module):
         if wave.numel() < N_FFT:
             wave = torch.nn.functional.pad(wave, (0, N_FFT - wave.numel()))
         frames = log_mel(wave, self.mel_filters).T.unsqueeze(0)  # (1, mels, T)
-        x = nn.functional.gelu(self.conv1(frames))
+        x: torch.Tensor = nn.functional.gelu(self.conv1(frames))
         x = nn.functional.gelu(self.conv2(x))
         x = self.proj(x.squeeze(0).T)
         return x / (x.std() + 1e-6) * self.out_scale

@@ -105,4 +105,5 @@ def load_embedding_table(directory: Path) -> torch.Tensor:
     from safetensors import safe_open
 
     with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
-        return f.get_tensor("model.embed_tokens.weight")
+        table: torch.Tensor = f.get_tensor("model.embed_tokens.weight")
+        return table

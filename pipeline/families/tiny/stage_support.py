@@ -1,7 +1,8 @@
 """What the tiny family's stages share: where the models are, engines, the torch thread.
 
 Stage settings (a profile's per-stage dict) hold an optional "engine" dict that overrides the
-family's engine defaults (the CPU recipe of PLATFORM.md); everything else is stage-specific.
+family's engine defaults (`ENGINE_DEFAULTS`: float32, eager, a fixed KV cache, which suit a CPU);
+everything else is stage-specific.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from pipeline.engines.vllm import EngineSettings, VllmEngine
 from pipeline.families.work_thread import WorkThread
-from pipeline.stage import Stage, StageContext
+from pipeline.stage import JobT, OutputT, Stage, StageContext
 
 FAMILY_DIR = "tiny"
 ENGINE_DEFAULTS: dict[str, Any] = {
@@ -55,7 +56,7 @@ class TorchThread(WorkThread):
         super().__init__(name, "torch")
 
 
-class EngineStage(Stage):
+class EngineStage(Stage[JobT, OutputT]):
     """A tiny-family stage whose requests all live in one vLLM engine, with a torch thread.
 
     Its requests are in the engine from the stream's first step on, so abort and the active

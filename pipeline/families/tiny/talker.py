@@ -30,7 +30,7 @@ MAX_TOKENS = 256
 MAX_CONTEXT = 256  # audio context kept from the turn (its last tokens)
 
 
-class TinyTalker(EngineStage):
+class TinyTalker(EngineStage[TalkerJob, TalkerOutput]):
     """Talker on the tiny family's random Qwen2 decoder over 256 speech codes."""
 
     name = "talker"

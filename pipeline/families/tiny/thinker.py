@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from pipeline.engines.vllm import Sampling, VllmEngine, json_schema_of
 from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.tiny.stage_support import (
@@ -28,11 +30,10 @@ from pipeline.families.tiny.thinker_prompt import ThinkerPromptBuilder
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
 
-class TinyThinker(EngineStage):
+class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
     """Thinker on the tiny family's random Qwen2 LLM and audio encoder."""
 
     name = "thinker"
@@ -68,6 +69,7 @@ class TinyThinker(EngineStage):
         if job.audio is None:
             return self._prompt(job.messages, None, job.max_tokens)
         with self.ctx.read_tensors([job.audio]) as audio:
+            assert isinstance(audio, np.ndarray)  # blocks alone are read as a numpy view
             return self._prompt(job.messages, audio, job.max_tokens)
 
     def _prompt(self, messages: list[dict[str, str]], audio: np.ndarray | None,

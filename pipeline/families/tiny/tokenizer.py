@@ -58,8 +58,3 @@ def save_tokenizer(tokenizer: Tokenizer, directory: Path, model_max_length: int)
         "add_prefix_space": False,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
-def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
-    """The ids of the special tokens, by name."""
-    return {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}

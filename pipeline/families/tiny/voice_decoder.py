@@ -44,6 +44,8 @@ class VoiceDecoderConfig:
 class TinyVoiceDecoder(nn.Module):
     """(batch, tokens) speech codes -> (batch, tokens * samples_per_token) waveform in [-1, 1]."""
 
+    bandpass: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, config: VoiceDecoderConfig) -> None:
         super().__init__()
         self.config = config
@@ -99,6 +101,7 @@ def _calibrate(decoder: TinyVoiceDecoder, generator: torch.Generator) -> None:
     gain = round(TARGET_RMS / float(pre_tanh.double().pow(2).mean().sqrt()), 3)
     with torch.no_grad():
         decoder.post.weight.mul_(gain)
+        assert decoder.post.bias is not None  # post is a Conv1d built with a bias
         decoder.post.bias.mul_(gain)
 
 
