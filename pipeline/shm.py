@@ -11,16 +11,11 @@ view and releases the block after its last read. A full pool is back-pressure (a
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import math
 import os
-import re
-import sys
-import threading
 import time
-from collections.abc import Iterator, Sized
-from multiprocessing import resource_tracker
+from collections.abc import Iterator
 from multiprocessing.shared_memory import SharedMemory
 from typing import TYPE_CHECKING, Any
 
@@ -37,13 +32,13 @@ from pipeline.shm_dtypes import (
     torch_module,
 )
 from pipeline.shm_lease import BlockLease
+from pipeline.shm_segment import SHM_DIR, SegmentLock, open_untracked, segment_path
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
 
-SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory; the lock is taken on the file
 _MAGIC = 0x316F76696E6D6F  # "omnivo1", little-endian
 _VERSION = 1
 _HEADER_WORDS = 8  # magic, version, block_count, block_size, stride, data_offset, 2 spare
@@ -52,8 +47,6 @@ _FREE, _HELD = 0, 1
 _ALIGN = 64  # every block starts on a cache line, which also aligns any dtype
 _INLINE_COPY_MAX = 1 << 20  # async put() copies larger tensors in a thread, off the event loop
 _POLL_MIN_S, _POLL_MAX_S = 0.0001, 0.005  # back-off while waiting for a free block
-_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-_TRACKER_PATCH = threading.Lock()
 
 
 class BlockRef(msgspec.Struct, frozen=True, tag="block"):
@@ -78,32 +71,6 @@ class TensorTooLargeError(ValueError):
     """A tensor bigger than one block: the pool's blocks are sized for the largest tensor."""
 
 
-def _open_untracked(name: str) -> SharedMemory:
-    """Attach to a segment without registering it with the resource tracker, which would unlink
-    it when this process exits (Python 3.11 registers attached segments too). Spawned workers
-    share their parent's tracker, so unregistering afterwards would drop the owner's own entry."""
-    if sys.version_info >= (3, 13):
-        return SharedMemory(name=name, track=False)  # type: ignore[call-arg]
-    with _TRACKER_PATCH:
-        register = resource_tracker.register
-
-        def register_unless_shm(name: Sized, rtype: str) -> None:
-            if rtype != "shared_memory":
-                register(name, rtype)
-
-        resource_tracker.register = register_unless_shm
-        try:
-            return SharedMemory(name=name)
-        finally:
-            resource_tracker.register = register
-
-
-def _path(name: str) -> str:
-    if not _NAME_RE.fullmatch(name):  # a plain file name in SHM_DIR
-        raise ValueError(f"pool name {name!r}: use 1-200 of [A-Za-z0-9_.-]")
-    return os.path.join(SHM_DIR, name)
-
-
 class BlockPool:
     """One process's handle on a shared pool of fixed-size tensor blocks.
 
@@ -120,7 +87,7 @@ class BlockPool:
         self.name, self.owner = shm.name.lstrip("/"), owner
         buf = shm.buf
         assert buf is not None  # None only once closed; the segment was just created or attached
-        self._shm, self._buf, self._created, self._lock = shm, buf, created, _Lock(fd)
+        self._shm, self._buf, self._created, self._lock = shm, buf, created, SegmentLock(fd)
         words = np.ndarray((_HEADER_WORDS,), np.int64, shm.buf, 0)
         if words[0] != _MAGIC or words[1] != _VERSION:
             raise ValueError(f"shared memory {self.name!r} is not an omnivox block pool")
@@ -133,7 +100,7 @@ class BlockPool:
     @classmethod
     def create(cls, name: str, block_count: int, block_size: int, *, owner: int = 1) -> BlockPool:
         """Create and preallocate the pool; the creator is the one that later unlinks it."""
-        path = _path(name)
+        path = segment_path(name)
         if block_count < 1 or block_size < 1:
             raise ValueError(f"need block_count, block_size >= 1: {block_count}, {block_size}")
         stride = -(-block_size // _ALIGN) * _ALIGN
@@ -164,9 +131,9 @@ class BlockPool:
     @classmethod
     def attach(cls, name: str, owner: int) -> BlockPool:
         """Attach to a pool another process created; `owner` tags the blocks this one holds."""
-        fd = os.open(_path(name), os.O_RDWR)  # FileNotFoundError: no such pool
+        fd = os.open(segment_path(name), os.O_RDWR)  # FileNotFoundError: no such pool
         try:
-            return cls(_open_untracked(name), owner, fd, created=False)
+            return cls(open_untracked(name), owner, fd, created=False)
         except BaseException:
             os.close(fd)
             raise
@@ -391,22 +358,3 @@ class BlockPool:
         raise PoolExhaustedError(
             f"pool {self.name!r}: all {self.block_count} blocks of {self.block_size} bytes in use, "
             f"none came free within {timeout:g} s (blocks per owner: {owners})")
-
-
-class _Lock:
-    """The pool header's lock: this process's threads first, then flock on the segment file."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd, self._threads = fd, threading.Lock()
-
-    def __enter__(self) -> None:
-        self._threads.acquire()
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except BaseException:  # a closed pool (EBADF): leave the thread lock free
-            self._threads.release()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        self._threads.release()
