@@ -175,9 +175,9 @@ def build_models(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def bench_pipeline(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.bench.pipeline_turns import run_bench
     from agent.bench.report import print_pipeline_report, write_json
     from agent.profiles import pipeline_settings
-    from pipeline.bench import run_bench
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the figures, not engine chatter
     result = run_bench(pipeline_settings(settings), tokens=args.tokens)

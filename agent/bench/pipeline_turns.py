@@ -5,7 +5,7 @@
 - concurrency: turns completed per second with 1, 8, 32 turns started at once;
 - shm_vs_pickle: moving one tensor between processes through the pool versus pickling it; the
   headline (`shm_inplace_s`, `inplace_ratio`) is the product's own path: a leased block written
-  in place, its ref sent, the consumer reading a view (`bench_shm`).
+  in place, its ref sent, the consumer reading a view (`transport.py`).
 Figures are printed and returned; none is asserted (they depend on the machine).
 """
 
@@ -16,7 +16,7 @@ import statistics
 import time
 from typing import Any
 
-from pipeline.bench_shm import DEFAULT_SIZES, shm_vs_pickle
+from agent.bench.transport import DEFAULT_SIZES, shm_vs_pickle
 from pipeline.events import AudioChunk, Turn, TurnDone
 from pipeline.orchestrator import Pipeline
 from pipeline.settings import PipelineSettings

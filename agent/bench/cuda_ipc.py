@@ -6,7 +6,7 @@ answers; timed in the producer from `TensorSender.send` to the answer, after war
   stays on the device; the consumer's release frees it);
 - `shm_via_host`: the consumer is on the CPU side, so the tensor is copied from the device into
   a pool block and the consumer copies it back up.
-Run `python -m pipeline.bench_cuda_ipc` on a GPU host; it says so and exits 0 without CUDA.
+Run `python -m agent.bench.cuda_ipc` on a GPU host; it says so and exits 0 without CUDA.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> int:
     except ImportError:
         has_cuda = False
     if not has_cuda:
-        print("bench_cuda_ipc: no CUDA device here; this benchmark runs on GPU hosts only")
+        print("bench cuda_ipc: no CUDA device here; this benchmark runs on GPU hosts only")
         return 0
     result = asyncio.run(run())
     for row in result["rows"]:

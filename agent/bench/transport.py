@@ -13,7 +13,7 @@ consumer reading the tensor's last element (written last) back in it:
 - `shm_ref`: `shm_inplace` writing only the last element, what the transport alone costs. It
   is flat in size; `shm_inplace` rises a little at 16-64 MiB, as a write that large leaves
   both processes' caches cold for the round trip after it (no data moves).
-Run `python -m pipeline.bench_shm` for a table.
+Run `python -m agent.bench.transport` for a table.
 """
 
 from __future__ import annotations
