@@ -122,6 +122,11 @@ class Pipeline:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    @property
+    def runtime_dir(self) -> str | None:
+        """The pipeline's private directory (its sockets, its engines'), while it runs."""
+        return self._dir
+
     def health(self) -> PipelineHealth:
         """Each stage's state (starting, ready, restarting, failed) and reason."""
         if self._supervisor is None:  # not started, or still building models / the pool
@@ -213,4 +218,5 @@ class Pipeline:
             owner=owner, settings=s.stages.get(stage, {}), models_dir=str(s.models_dir),
             heartbeat_s=s.restart.heartbeat_s,
             stop_timeout_s=s.restart.stop_timeout_s, log_level=s.log_level,
-            nice=s.nice[stage], cuda_ipc=s.cuda_ipc and stage in TENSOR_CONSUMERS)
+            nice=s.nice[stage], cuda_ipc=s.cuda_ipc and stage in TENSOR_CONSUMERS,
+            runtime_dir=self._dir or "")

@@ -13,6 +13,10 @@ STAGE_ORDER = ("thinker", "talker", "voicebox")
 # outputs (PCM) are read by the API process itself, on the CPU: they always use the pool.
 TENSOR_CONSUMERS = {"thinker": "talker"}
 
+# A stage worker's environment names the pipeline's private directory here (removed when the
+# pipeline stops): its engine keeps its sockets and scratch files there.
+RUNTIME_DIR_ENV = "OMNIVOX_RUNTIME_DIR"
+
 
 class RestartPolicy(BaseModel):
     """How the supervisor watches and restarts stage workers."""

@@ -41,6 +41,7 @@ from pipeline.messages import (
     client_decoder,
     encode,
 )
+from pipeline.settings import RUNTIME_DIR_ENV
 from pipeline.shm import BlockPool, StaleBlockError
 from pipeline.stage import Job, Output, Stage, StageContext, output_tensors
 
@@ -69,6 +70,9 @@ class WorkerSpec:
     log_level: str = "INFO"
     nice: int = 10
     cuda_ipc: bool = False  # the stage reading this one's tensors maps CUDA ones by CUDA IPC
+    # The pipeline's private directory, removed when it stops: where the stage's engine keeps
+    # its sockets, so an engine killed mid-run leaves none behind in the system's temp dir.
+    runtime_dir: str = ""
 
 
 def load_stage_class(family: str, stage: str) -> type[Stage]:
@@ -90,6 +94,8 @@ def worker_main(spec: WorkerSpec) -> None:
     os.setsid()  # own process group: the supervisor kills the whole group, engine children too
     _die_with_parent(spec.parent_pid)
     setproctitle.setproctitle(f"omnivox-{spec.stage}")
+    if spec.runtime_dir:
+        os.environ[RUNTIME_DIR_ENV] = spec.runtime_dir
     # Below the API process in CPU priority (engine children inherit it): the call plane's
     # 20 ms pacing must not starve behind batch compute when cores are few.
     _nice_autogroup(os.nice(spec.nice))

@@ -191,3 +191,22 @@ async def test_dead_engine_in_a_live_worker_gets_the_worker_replaced(tiny: Pipel
     after = await collect(tiny, Turn("after-engine-kill", MESSAGES, max_tokens=20))
     assert isinstance(after[-1], TurnDone), after[-1]
     assert any(isinstance(e, AudioChunk) for e in after)
+
+
+async def test_the_engines_sockets_live_in_the_pipelines_own_directory(tiny: Pipeline) -> None:
+    """vLLM names its engine processes' ipc sockets in a temp dir and leaves them behind when an
+    engine is killed: they must be in the pipeline's directory, which goes when it stops."""
+    runtime = tiny.runtime_dir
+    assert runtime is not None
+    ours = {"control.sock", "thinker.sock", "talker.sock", "voicebox.sock"}
+    engine_sockets: set[str] = set()
+    for status in tiny.health().stages.values():
+        assert status.pid is not None
+        worker = psutil.Process(status.pid)
+        for process in [worker, *worker.children(recursive=True)]:
+            for conn in process.net_connections(kind="unix"):
+                for path in (conn.laddr, conn.raddr):
+                    if isinstance(path, str) and path and Path(path).name not in ours:
+                        engine_sockets.add(path)
+    assert engine_sockets, "the engines hold no ipc socket this test can see"
+    assert all(Path(path).parent == Path(runtime) for path in engine_sockets), engine_sockets

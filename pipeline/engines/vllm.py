@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pipeline.engines import vllm_internals, vllm_noise
 from pipeline.engines.pins import EngineVersions, check_engine_versions
+from pipeline.settings import RUNTIME_DIR_ENV
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,7 @@ ENGINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
 }
+RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM puts its engine processes' ipc sockets
 
 
 class EngineSettingsError(ValueError):
@@ -142,6 +144,10 @@ class VllmEngine:
                     versions.distribution, versions.torch, versions.extra)
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
+        # vLLM's engine processes talk over ipc sockets it names in the temp dir and never
+        # removes when an engine is killed: in the pipeline's own directory they go with it.
+        if os.environ.get(RUNTIME_DIR_ENV):
+            os.environ.setdefault(RPC_DIR_ENV, os.environ[RUNTIME_DIR_ENV])
         started = time.perf_counter()
         # Handed over in a box, not as the thread's return value: the executor's futures
         # would otherwise keep the engine alive after stop().
