@@ -168,3 +168,15 @@ class RtcCaller:
         for task in self._tasks:
             task.cancel()
         await self.pc.close()
+
+
+async def dead_peer_offer() -> str:
+    """A real SDP offer with audio and a data channel, from a peer closed at once: nobody
+    answers its ICE checks, so the call it places never connects."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="sendrecv")
+    pc.createDataChannel("oai-events")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp

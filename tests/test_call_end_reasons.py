@@ -23,7 +23,7 @@ import agent.calls.call
 from agent.config import Settings
 from tests.media_servers import tone_server
 from tests.product_calls import wait_until
-from tests.rtc_client import ArrayAudioTrack, RtcCaller
+from tests.rtc_client import ArrayAudioTrack, RtcCaller, dead_peer_offer
 from tests.served import Served
 
 DROPPED = "omnivox_calls_dropped_total"
@@ -67,15 +67,6 @@ def call_id(location: str) -> str:
     return location.rsplit("/", 1)[1]
 
 
-async def offer_of_dead_peer() -> str:
-    """A real audio offer from a peer closed at once: nobody answers its ICE checks."""
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("audio", direction="sendrecv")
-    pc.createDataChannel("oai-events")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
 
 
 async def post_offer(url: str, sdp: str) -> str:
@@ -100,7 +91,7 @@ async def test_a_call_that_never_connects_ends_connect_timeout(
     monkeypatch.setattr(agent.calls.call, "CONNECT_TIMEOUT_S", 1.0)  # the watchdog: 30 s
     async with tone_server(settings(tmp_path)) as served:
         before = await scrape(served.url)
-        silent = await post_offer(served.url, await offer_of_dead_peer())
+        silent = await post_offer(served.url, await dead_peer_offer())
         assert (await record(served.url, silent))["ended_at"] is None  # live until the watchdog
         assert (await ended(served, silent))["end_reason"] == "connect_timeout"
         middle = await scrape(served.url)

@@ -20,11 +20,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
 
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.media_servers import free_port
-from tests.rtc_client import ArrayAudioTrack, RtcCaller
+from tests.rtc_client import ArrayAudioTrack, RtcCaller, dead_peer_offer
 
 REPO = Path(__file__).resolve().parent.parent
 SILENCE = np.zeros(48_000, np.int16)
@@ -84,15 +83,6 @@ async def connected_caller(url: str) -> RtcCaller:
     return caller
 
 
-async def offer() -> str:
-    """A real SDP offer with audio, from a peer that never connects."""
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("audio", direction="sendrecv")
-    pc.createDataChannel("oai-events")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
 
 
 def draining_readyz(url: str) -> httpx.Response | None:
@@ -126,7 +116,7 @@ async def test_sigterm_drains_until_the_caller_hangs_up(
             assert readyz.json()["status"] == "draining"
             assert "draining" in readyz.json()["detail"]
             async with httpx.AsyncClient(base_url=url) as http:
-                refused = await http.post("/v1/realtime/calls", content=await offer(),
+                refused = await http.post("/v1/realtime/calls", content=await dead_peer_offer(),
                                           headers={"Content-Type": "application/sdp"})
             assert refused.status_code == 503
             assert refused.json()["error"]["code"] == "server_draining"

@@ -11,38 +11,18 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
-from prometheus_client.parser import text_string_to_metric_families
 
 import agent.calls.call
 from agent.app import create_app
 from agent.config import Settings
+from tests.metrics_samples import grew, scrape, value
 from tests.product_calls import connect, long_replies, say, spoken, wait_until
 from tests.responder import ToneResponder
+from tests.rtc_client import dead_peer_offer
 from tests.served import Served, serve
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 STAGES = ("asr", "thinker_first_token", "talker_first_tokens", "voicebox_first_chunk")
-
-
-async def scrape(url: str) -> Samples:
-    """Every sample /metrics shows, by (sample name, labels)."""
-    async with httpx.AsyncClient(base_url=url, timeout=15) as http:
-        reply = await http.get("/metrics")
-    assert reply.status_code == 200, reply.text
-    assert reply.headers["content-type"].startswith("text/plain")
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(reply.text) for s in family.samples}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, frozenset(labels.items()))]
-
-
-def grew(before: Samples, after: Samples, name: str, **labels: str) -> float:
-    return value(after, name, **labels) - value(before, name, **labels)
-
 
 @pytest.fixture(scope="module")
 def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
@@ -141,7 +121,7 @@ async def test_refused_calls_are_counted(one_call_server: Served) -> None:
     before = await scrape(url)
     first = await connect(url)
     try:
-        second_offer = await dead_offer()
+        second_offer = await dead_peer_offer()
         async with httpx.AsyncClient(base_url=url, timeout=15) as http:
             refused = await http.post("/v1/realtime/calls", content=second_offer,
                                       headers={"Content-Type": "application/sdp"})
@@ -163,7 +143,7 @@ async def test_a_call_that_never_connects_is_counted_dropped(
     url = one_call_server.url
     before = await scrape(url)
     async with httpx.AsyncClient(base_url=url, timeout=15) as http:
-        answered = await http.post("/v1/realtime/calls", content=await dead_offer(),
+        answered = await http.post("/v1/realtime/calls", content=await dead_peer_offer(),
                                    headers={"Content-Type": "application/sdp"})
     assert answered.status_code == 201, answered.text  # answered, but no peer will ever connect
     await wait_until(lambda: len(one_call_server.app.state.calls) == 0, 20, "the watchdog")
@@ -172,12 +152,3 @@ async def test_a_call_that_never_connects_is_counted_dropped(
     assert value(after, "omnivox_active_calls") == 0
 
 
-async def dead_offer() -> str:
-    """A real audio offer from a peer that is closed at once: nobody answers its ICE checks."""
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("audio", direction="sendrecv")
-    pc.createDataChannel("oai-events")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp

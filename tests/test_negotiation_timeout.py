@@ -19,12 +19,12 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
-from prometheus_client.parser import text_string_to_metric_families
 
 import agent.api.signalling
 from agent.config import Settings
 from tests.media_servers import tone_server
+from tests.metrics_samples import refused, scrape
+from tests.rtc_client import dead_peer_offer
 
 TIMEOUT_S = 1.0  # the product's: 10 s
 
@@ -50,22 +50,8 @@ def drain(sock: socket.socket) -> int:
         n += 1
 
 
-async def offer() -> str:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("audio", direction="sendrecv")
-    pc.createDataChannel("oai-events")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
 
 
-def refused(text: str, reason: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "omnivox_calls_refused_total" and s.labels.get("reason") == reason:
-                return s.value
-    return 0.0
 
 
 def udp_sockets() -> int:
@@ -80,10 +66,10 @@ async def test_an_answer_not_built_in_time_is_refused_504_and_leaves_nothing(
     async with tone_server(Settings(data_dir=tmp_path, ice_servers=[stun])) as served:
         sockets_before = udp_sockets()
         async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
-            before = refused((await http.get("/metrics")).text, "negotiation_timeout")
-            reply = await http.post("/v1/realtime/calls", content=await offer(),
+            before = refused(await scrape(served.url), "negotiation_timeout")
+            reply = await http.post("/v1/realtime/calls", content=await dead_peer_offer(),
                                     headers={"Content-Type": "application/sdp"})
-            after = (await http.get("/metrics")).text
+            after = await scrape(served.url)
         assert reply.status_code == 504, reply.text
         assert reply.headers["content-type"].startswith("application/json")
         assert reply.json()["error"]["code"] == "negotiation_timeout", reply.json()
@@ -116,7 +102,7 @@ async def test_the_same_server_answers_in_time_without_the_stalled_stun(
     """The control: with the same short limit and no STUN server, an answer is built in time
     (so the 504 above is the STUN wait, not the limit being too short for any offer)."""
     monkeypatch.setattr(agent.api.signalling, "NEGOTIATION_TIMEOUT_S", TIMEOUT_S)
-    sdp = await offer()
+    sdp = await dead_peer_offer()
     async with (tone_server(Settings(data_dir=tmp_path)) as served,
                 httpx.AsyncClient(base_url=served.url, timeout=30) as http):
         reply = await http.post("/v1/realtime/calls", content=sdp,

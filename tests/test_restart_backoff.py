@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.app import create_app
 from agent.config import Settings
 from pipeline.orchestrator import Pipeline
 from pipeline.supervisor import StageState
+from tests.metrics_samples import refused, scrape
 from tests.product_calls import wait_until
+from tests.rtc_client import dead_peer_offer
 from tests.served import Served, serve
 
 FAMILY = "tests.fake_family"
@@ -87,30 +87,16 @@ async def fake_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
         yield served
 
 
-async def offer() -> str:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("audio", direction="sendrecv")
-    pc.createDataChannel("oai-events")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
 
 
-def refused(metrics_text: str, reason: str) -> float:
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            if s.name == "omnivox_calls_refused_total" and s.labels.get("reason") == reason:
-                return s.value
-    return 0.0
 
 
 async def test_a_new_offer_gets_not_ready_while_a_worker_restarts(fake_server: Served) -> None:
     pipeline: Pipeline = fake_server.app.state.pipeline
-    sdp = await offer()
+    sdp = await dead_peer_offer()
     headers = {"Content-Type": "application/sdp"}
     async with httpx.AsyncClient(base_url=fake_server.url, timeout=30) as http:
-        before = refused((await http.get("/metrics")).text, "not_ready")
+        before = refused(await scrape(fake_server.url), "not_ready")
         old = pipeline.health().stages["voicebox"].pid
         os.kill(old, signal.SIGKILL)
         await wait_until(lambda: pipeline.health().stages["voicebox"].state
@@ -132,7 +118,7 @@ async def test_a_new_offer_gets_not_ready_while_a_worker_restarts(fake_server: S
         assert "voicebox" in reply.json()["error"]["message"]
         assert int(reply.headers["retry-after"]) > 0
         assert len(fake_server.app.state.calls) == 0
-        assert refused((await http.get("/metrics")).text, "not_ready") - before == 1
+        assert refused(await scrape(fake_server.url), "not_ready") - before == 1
 
         await wait_until(lambda: pipeline.health().stages["voicebox"].state == StageState.READY
                          and pipeline.health().stages["voicebox"].pid != old, WAIT_S,
