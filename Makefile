@@ -19,7 +19,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 SYSTEM_PACKAGES := espeak-ng chromium sox
 SYSTEM_COMMANDS := espeak-ng chromium sox
 
-.PHONY: setup run test lint system-packages models clean
+.PHONY: setup run test soak lint system-packages models clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,10 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The long runs: the load test at 32 calls for ten minutes (make test runs 16 for two).
+soak: setup
+	OMNIVOX_LOAD_CALLS=32 OMNIVOX_LOAD_DURATION_S=600 $(BIN)/python -m pytest -s tests/test_load.py
 
 clean:
 	rm -rf $(VENV) models data
