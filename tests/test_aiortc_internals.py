@@ -45,14 +45,7 @@ from media.peer import (
     new_peer_connection,
     sent_codec,
 )
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
+from tests.product_calls import wait_until
 
 
 @dataclass
