@@ -10,6 +10,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from aiortc.mediastreams import MediaStreamError
 
 from agent.config import ConversationSettings
 from agent.ops.logs import context as log_context
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 BARGE_IN_POLL_S = 0.02  # one VAD frame
 UNANSWERED_MAX = 4  # committed utterances kept for the next reply (create_response=false)
+TRACK_END_GRACE_S = 2.0  # for the peer connection's own close to end the call first
 
 
 class Session:
@@ -220,9 +222,21 @@ class Session:
                 await self._on_pipeline_event(reply, event)
         except asyncio.CancelledError:
             raise
+        except MediaStreamError:
+            # aiortc stops the outbound track when the peer connection's transport closes,
+            # which can come before the call hears of it: the caller is gone, so the call's
+            # close (aclose) records this reply as cut by the call's end and aborts its turn.
+            log.info("call %s: the outbound track ended mid-reply", self.call.id)
+            self.call.spawn(self._end_call_without_track())
         except Exception as exc:  # the pipeline's own failures arrive as TurnFailed
             log.exception("call %s: reply %s broke", self.call.id, reply.response_id)
             self._finish(reply, "failed", error=str(exc))
+
+    async def _end_call_without_track(self) -> None:
+        """End the call if its own close does not come soon: a track that aiortc stopped for
+        any other reason leaves a call that can no longer speak. (Closing cancels this task.)"""
+        await asyncio.sleep(TRACK_END_GRACE_S)
+        await self.call.end("media_failed", "the call's outgoing audio track ended")
 
     async def _on_pipeline_event(self, reply: Reply, event: Any) -> None:
         if isinstance(event, TextDelta):
