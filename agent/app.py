@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 
 from agent.api import auth
+from agent.api.models_route import router as models_router
 from agent.api.records_route import router as records_router
 from agent.api.signalling import router as signalling_router
 from agent.calls.call import Call, HandlerFactory
@@ -115,6 +116,7 @@ def create_app(
         app.add_middleware(StripPrefix, prefix=settings.location_prefix)
     app.include_router(signalling_router)
     app.include_router(records_router)
+    app.include_router(models_router)
     app.include_router(metrics_router)
     app.mount("/", StaticFiles(directory=settings.web_dir, html=True), name="web")
     return app
