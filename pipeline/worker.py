@@ -49,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _ABORT_WAIT_S = 1.0  # how long an abort waits for its jobs' tasks to unwind
+# A job whose input was given back unread waits this long for its abort: a cancelled turn frees
+# its jobs' blocks before their abort, sent right after, gets here; unaborted, it is a failure.
+_STALE_INPUT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,12 @@ class JobServer:
         except zmq.ZMQError as exc:  # the client is gone: nobody wants the rest
             logger.warning("%s: client unreachable (%s); aborting", job.request_id, exc)
             await self.stage.abort([job.request_id])
+        except StaleBlockError as exc:  # its sender gave a block of it back before it was read
+            logger.debug("%s: its input was released unread; waiting for its abort", job.request_id)
+            await asyncio.sleep(_STALE_INPUT_WAIT_S)  # the abort cancels this: a quiet end
+            logger.error("%s failed: its input was released unread, and it was not aborted",
+                         job.request_id, exc_info=exc)
+            await self._send(identity, RequestError(job.request_id, type(exc).__name__, str(exc)))
         except Exception as exc:
             logger.exception("%s failed", job.request_id)
             await self._send(identity, RequestError(job.request_id, type(exc).__name__, str(exc)))
