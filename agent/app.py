@@ -21,6 +21,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 
 from agent.api import auth
+from agent.api.chat_completions import router as chat_completions_router
+from agent.api.completion_slots import CompletionSlots
 from agent.api.models_route import router as models_router
 from agent.api.records_route import router as records_router
 from agent.api.signalling import router as signalling_router
@@ -90,6 +92,7 @@ def create_app(
     if pipeline is not None:  # a stage given up for good is announced on every live call
         announce_stage_failures(pipeline, app.state.calls)
     app.state.pipeline = pipeline
+    app.state.completion_slots = CompletionSlots(settings.max_completions_in_flight)
     app.state.handler_factory = handler_factory
 
     @app.get("/healthz")
@@ -117,6 +120,7 @@ def create_app(
     app.include_router(signalling_router)
     app.include_router(records_router)
     app.include_router(models_router)
+    app.include_router(chat_completions_router)
     app.include_router(metrics_router)
     app.mount("/", StaticFiles(directory=settings.web_dir, html=True), name="web")
     return app

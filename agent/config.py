@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     admission_window_s: float = Field(
         5.0, gt=0, le=60, description="how far back admission control looks at the load"
     )
+    max_completions_in_flight: int = Field(
+        4, ge=1, description="chat completion requests in flight per engine (they share it "
+        "with the calls' turns); one more gets 429 with Retry-After",
+    )
     drain_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long live calls may go on before they are closed"
     )

@@ -25,7 +25,9 @@ from pipeline.messages import InspectReply
 from pipeline.models import ensure_models
 from pipeline.settings import STAGE_ORDER, TENSOR_CONSUMERS, PipelineSettings
 from pipeline.shm import BlockPool
+from pipeline.stage import ThinkerJob, ThinkerOutput
 from pipeline.supervisor import StageState, StageStatus, Supervisor
+from pipeline.text_generation import generate_text
 from pipeline.turn import TurnRun
 from pipeline.worker import WorkerSpec
 
@@ -155,6 +157,17 @@ class Pipeline:
             if not run.cancelled and run.task is not None and not run.task.done():
                 await run.cancel()
             del self._runs[turn.turn_id]
+
+    def generate_text(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
+        """A text-only Thinker request (text_generation.py) beside the calls' turns, in the
+        same engine; raises StageFailedError at once while the Thinker is not ready."""
+        if self._supervisor is None or self.pool is None:
+            raise PipelineNotRunningError("the pipeline is not running (start() it first)")
+        status = self._supervisor.status()["thinker"]
+        if status.state != StageState.READY:
+            reason = f"{status.state}: {status.reason}" if status.reason else status.state
+            raise StageFailedError("thinker", reason)
+        return generate_text(self._clients["thinker"], self.pool, job)
 
     async def cancel(self, turn_id: str) -> bool:
         """Abort every request of the turn in its engine and drop its VoiceBox jobs; no event

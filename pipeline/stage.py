@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 
 from pipeline.cuda_ipc import CudaIpcImports, CudaIpcRef, TensorRef, TensorSender
+from pipeline.sampling_options import SamplingOptions
 from pipeline.shm import BlockPool, BlockRef, StaleBlockError
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class ThinkerJob(msgspec.Struct, frozen=True, tag="thinker_job"):
     audio: BlockRef | None = None  # 16 kHz mono int16 utterance
     max_tokens: int = 64
     response_format: dict[str, Any] | None = None  # JSON schema -> guided decoding
+    sampling: SamplingOptions | None = None  # the request's own choices (text completions)
+    embeds: bool = True  # False: text only, nobody voices it (no embeddings for a Talker)
 
 
 class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):
@@ -53,6 +56,7 @@ class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):
     transcript: str | None = None  # what the caller said, when the family recognises speech
     finished: bool = False
     finish_reason: str | None = None
+    prompt_tokens: int = 0  # the request's prompt length (usage), once known
 
 
 class TalkerJob(msgspec.Struct, frozen=True, tag="talker_job"):

@@ -93,6 +93,7 @@ class Sampling:
     allowed_token_ids: list[int] | None = None
     json_schema: dict[str, Any] | None = None  # guided decoding to this JSON schema
     detokenize: bool = True
+    stop: list[str] | None = None  # strings that end the output (left out of it)
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,7 @@ class VllmEngine:
             allowed_token_ids=sampling.allowed_token_ids,
             structured_outputs=structured,
             detokenize=sampling.detokenize,
+            stop=sampling.stop,
             output_kind=RequestOutputKind.DELTA,
         )
 

@@ -23,6 +23,7 @@ from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.local.build import ASR_DIR, LLM_DIR
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from pipeline.families.local.stage_support import family_dir
+from pipeline.families.request_sampling import with_options
 from pipeline.families.work_thread import WorkThread
 from pipeline.shm import BlockRef
 from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput
@@ -88,7 +89,8 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
         async with aclosing(deltas):
             async for delta in deltas:
                 yield ThinkerOutput(rid, text=delta.text, token_ids=delta.token_ids,
-                                    finished=delta.finished, finish_reason=delta.finish_reason)
+                                    finished=delta.finished, finish_reason=delta.finish_reason,
+                                    prompt_tokens=len(prompt))
 
     def _hear(self, audio: BlockRef) -> str:
         """The caller's words, the audio read in place (its float conversion being its only
@@ -128,10 +130,10 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
 
     def _sampling(self, job: ThinkerJob, max_tokens: int) -> Sampling:
         settings = self.ctx.settings
-        return Sampling(
+        return with_options(Sampling(
             max_tokens=max_tokens,
             temperature=float(settings.get("temperature", 0.0)),
             top_p=float(settings.get("top_p", 1.0)),
             seed=settings.get("seed"),
             json_schema=json_schema_of(job.response_format) if job.response_format else None,
-        )
+        ), job.sampling)

@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.engines.vllm import Sampling, VllmEngine, json_schema_of
 from pipeline.families.context_window import fit_history, reply_budget
+from pipeline.families.request_sampling import with_options
 from pipeline.families.tiny.stage_support import (
     EngineStage,
     TorchThread,
@@ -53,7 +54,7 @@ class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         async with aclosing(deltas):
             async for delta in deltas:
                 embeds = None
-                if delta.token_ids:
+                if delta.token_ids and job.embeds:
                     rows = (len(delta.token_ids), self.prompts.hidden)
                     with await self.ctx.acquire_tensor(rows, "float32") as lease:
                         # A few rows: microseconds, so on the loop, not the torch thread.
@@ -61,7 +62,8 @@ class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
                         embeds = lease.send()
                 yield ThinkerOutput(job.request_id, text=delta.text, token_ids=delta.token_ids,
                                     embeds=embeds, finished=delta.finished,
-                                    finish_reason=delta.finish_reason)
+                                    finish_reason=delta.finish_reason,
+                                    prompt_tokens=len(prompt))
 
     def _prompt_of(self, job: ThinkerJob) -> torch.Tensor:
         """The job's prompt, its audio read in place (released once the prompt is built: the
@@ -82,7 +84,7 @@ class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
     def _sampling(self, job: ThinkerJob, max_tokens: int) -> Sampling:
         settings = self.ctx.settings
         schema = json_schema_of(job.response_format) if job.response_format else None
-        return Sampling(
+        return with_options(Sampling(
             max_tokens=max_tokens,
             temperature=float(settings.get("temperature", 0.0)),
             seed=settings.get("seed"),
@@ -90,4 +92,4 @@ class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
             # Guided JSON must stop when the object closes, so EOS counts there.
             ignore_eos=bool(settings.get("ignore_eos", True)) and schema is None,
             json_schema=schema,
-        )
+        ), job.sampling)

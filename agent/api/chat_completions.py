@@ -1,0 +1,203 @@
+"""`POST /v1/chat/completions` on the profile's Thinker: text in, text out, streamed or not.
+
+The request becomes a text-only Thinker job (`Pipeline.generate_text`) in the same worker and
+engine as the calls' turns. The first output is awaited before answering, so a request the
+engine refuses (a schema it cannot enforce, a prompt too long) gets a 400, never a 200 with free
+text. A streamed request's client that goes away aborts its engine request; completions in
+flight per engine are bounded (completion_slots.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agent.api.chat_request import BadRequest, ChatCompletionRequest, parse_request
+from agent.api.chat_response import DONE, Completion, finish_reason, sse
+from agent.api.completion_slots import RETRY_AFTER_S, CompletionSlots
+from agent.api.openai_errors import model_not_found, openai_error
+from agent.api.served_models import resolve
+from agent.api.signalling import read_body
+from pipeline.errors import (
+    PipelineBusyError,
+    PipelineError,
+    PipelineNotRunningError,
+    RequestFailedError,
+    StageFailedError,
+    StageStalledError,
+)
+from pipeline.sampling_options import SamplingOptions
+from pipeline.stage import ThinkerJob, ThinkerOutput
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+MAX_BODY_BYTES = 1 << 20
+ENGINE = "thinker"  # the stage whose engine serves completions
+NOT_READY_RETRY_S = 5
+# Errors a Thinker raises for the request itself, not for its state: the client's to fix.
+REQUEST_ERRORS = ("VLLMValidationError", "ValueError")
+
+
+class CompletionRun:
+    """One request's engine stream and its slot, given back exactly once."""
+
+    def __init__(self, outputs: AsyncIterator[ThinkerOutput], slots: CompletionSlots) -> None:
+        self.outputs, self.slots = outputs, slots
+        self._closed = False
+
+    async def next(self) -> ThinkerOutput:
+        return await anext(self.outputs)
+
+    async def close(self) -> None:
+        """Abort the engine request if it is still running; free the slot."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            aclose = getattr(self.outputs, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            self.slots.give_back(ENGINE)
+
+
+class CompletionStream(StreamingResponse):
+    """The streamed answer; its run is closed however the response ends, even if its body was
+    never iterated (the client left before the first byte)."""
+
+    def __init__(self, body: AsyncIterator[bytes], run: CompletionRun) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self.run = run
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.run.close()
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request) -> Response:
+    """A chat completion from the Thinker of the model named."""
+    body = await read_body(request, MAX_BODY_BYTES)
+    if body is None:
+        return openai_error(413, "request_too_large",
+                            f"the request body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        chat = parse_request(body)
+    except BadRequest as exc:
+        return openai_error(400, "invalid_request", str(exc), param=exc.param)
+    model = resolve(request.app, chat.model)
+    if model is None:
+        return model_not_found(chat.model)
+    slots: CompletionSlots = request.app.state.completion_slots
+    if not slots.take(ENGINE):
+        return openai_error(429, "too_many_requests", f"{slots.limit} completions are already "
+                            f"in flight on the {ENGINE}'s engine; retry shortly",
+                            kind="rate_limit_error", **{"Retry-After": str(RETRY_AFTER_S)})
+    completion = Completion(model.id)
+    run: CompletionRun | None = None
+    try:
+        run = CompletionRun(request.app.state.pipeline.generate_text(thinker_job(chat,
+                                                                                 completion)),
+                            slots)
+        first = await run.next()
+    except (PipelineError, StopAsyncIteration) as exc:
+        if run is None:
+            slots.give_back(ENGINE)
+        else:
+            await run.close()
+        return refused(request, chat, exc)
+    if chat.stream:
+        return CompletionStream(stream(run, first, chat, completion), run)
+    try:
+        return await whole(run, first, completion)
+    except PipelineError as exc:
+        return refused(request, chat, exc)
+    finally:
+        await run.close()
+
+
+def thinker_job(chat: ChatCompletionRequest, completion: Completion) -> ThinkerJob:
+    """The text-only Thinker job of a request."""
+    options = SamplingOptions(temperature=chat.temperature, top_p=chat.top_p, seed=chat.seed,
+                              stop=chat.stops())
+    response_format = chat.response_format.for_thinker() if chat.response_format else None
+    return ThinkerJob(f"completions/{completion.id}/{ENGINE}/0",
+                      [message.for_thinker() for message in chat.messages],
+                      max_tokens=chat.reply_tokens(), response_format=response_format,
+                      sampling=options, embeds=False)
+
+
+async def whole(run: CompletionRun, output: ThinkerOutput, completion: Completion
+                ) -> JSONResponse:
+    """Collect the reply, then answer it in one piece."""
+    text: list[str] = []
+    while True:
+        completion.count(output)
+        text.append(output.text)
+        if output.finished:
+            return JSONResponse(completion.whole("".join(text),
+                                                 finish_reason(output.finish_reason)))
+        output = await run.next()
+
+
+async def stream(run: CompletionRun, output: ThinkerOutput, chat: ChatCompletionRequest,
+                 completion: Completion) -> AsyncIterator[bytes]:
+    """The reply as chunks: the role first, then text deltas, then the finish reason (and the
+    usage chunk when asked for), then [DONE]. An error mid-stream is an error event, last."""
+    usage = chat.include_usage()
+    try:
+        yield sse(completion.chunk({"role": "assistant", "content": ""}, with_usage=usage))
+        while True:
+            completion.count(output)
+            if output.text:
+                yield sse(completion.chunk({"content": output.text}, with_usage=usage))
+            if output.finished:
+                yield sse(completion.chunk({}, finish_reason(output.finish_reason),
+                                           with_usage=usage))
+                break
+            output = await run.next()
+        if usage:
+            yield sse(completion.usage_chunk())
+        yield DONE
+    except PipelineError as exc:
+        log.warning("completion %s failed mid-stream: %s", completion.id, exc)
+        yield sse({"error": error_body(exc)})
+    finally:
+        with suppress(Exception):  # aborts the engine request when the client went away
+            await run.close()
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    return {"message": str(exc), "type": "server_error", "param": None, "code": "model_error"}
+
+
+def refused(request: Request, chat: ChatCompletionRequest, exc: BaseException) -> JSONResponse:
+    """The answer for a request the pipeline did not serve: the client's fault (400), the
+    Thinker not ready (503), busy (429), or ours (500)."""
+    if isinstance(exc, RequestFailedError) and exc.reason.startswith(REQUEST_ERRORS):
+        if exc.reason.startswith("VLLMValidationError") and chat.response_format is not None:
+            return openai_error(400, "invalid_response_format", f"response_format cannot be "
+                                f"enforced: {exc.reason}", param="response_format")
+        code = "context_length_exceeded" if "max_model_len" in exc.reason else "invalid_request"
+        return openai_error(400, code, exc.reason, param="messages")
+    if isinstance(exc, (StageFailedError, PipelineNotRunningError, StageStalledError)):
+        readiness = request.app.state.readiness
+        if ENGINE in readiness.failed():  # given up for good: an operator must act
+            return openai_error(503, "stage_failed", str(exc), kind="server_error")
+        return openai_error(503, "not_ready", str(exc), kind="server_error",
+                            **{"Retry-After": str(NOT_READY_RETRY_S)})
+    if isinstance(exc, PipelineBusyError):
+        return openai_error(429, "too_many_requests", str(exc), kind="rate_limit_error",
+                            **{"Retry-After": str(RETRY_AFTER_S)})
+    log.error("completion refused: %r", exc)
+    return openai_error(500, "model_error", f"the model failed: {exc}", kind="server_error")

@@ -1,0 +1,175 @@
+"""The body of `POST /v1/chat/completions`: pydantic models of what omnivox honours.
+
+Anything it cannot honour is refused (400 naming the field), never dropped: a field it does
+not know, `n` other than 1, a content part other than text, a `response_format` or `tools`
+it cannot enforce. `developer` messages count as `system` ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MAX_STOP_SEQUENCES = 4  # OpenAI's own bound
+# No max_completion_tokens: the reply may take whatever the prompt leaves of the context.
+UNBOUNDED_TOKENS = 1 << 20
+
+
+class Message(BaseModel):
+    """One chat message; content is text, or a list of text parts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        if isinstance(content, list):
+            for index, part in enumerate(content):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"part {index}: only text parts ({{'type': 'text', "
+                                     f"'text': ...}}) are supported, not {part.get('type')!r}")
+        return content
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part["text"] for part in self.content)
+        return self.content or ""
+
+    def for_thinker(self) -> dict[str, str]:
+        return {"role": "system" if self.role == "developer" else self.role,
+                "content": self.text()}
+
+
+class JsonSchemaSpec(BaseModel):
+    """`response_format.json_schema`: the schema the reply must follow."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`text`, `json_object` (any JSON object) or `json_schema` (that schema), enforced by the
+    engine's guided decoding."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type 'json_schema', and only then")
+        return self
+
+    def for_thinker(self) -> dict[str, Any] | None:
+        """What the Thinker job carries (pipeline/engines/vllm.py, json_schema_of)."""
+        if self.type == "json_schema":
+            assert self.json_schema is not None  # the validator saw to it
+            return {"type": "json_schema", "json_schema": {
+                "name": self.json_schema.name, "schema": self.json_schema.schema_}}
+        return {"type": "json_object"} if self.type == "json_object" else None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """The request; unknown fields are refused rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)  # the older name of max_completion_tokens
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    # Accepted and not acted on: they change nothing in the reply.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 (one choice per request) is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if isinstance(stop, list) and not all(stop):
+            raise ValueError("stop sequences must not be empty")
+        return stop
+
+    @model_validator(mode="after")
+    def _options_with_stream(self) -> ChatCompletionRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream=true")
+        return self
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def reply_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or UNBOUNDED_TOKENS
+
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class BadRequest(ValueError):
+    """A request refused: `param` is the field at fault (OpenAI's `param`)."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def parse_request(body: bytes) -> ChatCompletionRequest:
+    """The request, or BadRequest naming the first field at fault."""
+    try:
+        return ChatCompletionRequest.model_validate_json(body)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        param = field_path(error["loc"])
+        where = f"{param}: " if param else ""
+        message = NOT_HONOURED if error["type"] == "extra_forbidden" else error["msg"]
+        raise BadRequest(f"{where}{message}", param or None) from None
+
+
+NOT_HONOURED = "not supported by this server (refused rather than ignored)"
+# Pydantic names the member of a union it tried in the error's location; a client never sees
+# those, only field names and list indexes.
+_UNION_MEMBERS = {"str", "list[dict[str,any]]", "list[str]", "dict[str,any]", "none"}
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """`messages[0].content` from pydantic's ('messages', 0, 'content', 'str')."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.replace(" ", "").lower() not in _UNION_MEMBERS:
+            path += f".{part}" if path else part
+    return path

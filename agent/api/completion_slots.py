@@ -1,0 +1,34 @@
+"""A bound on chat completion requests in flight per engine.
+
+Completions share each engine with the calls' turns (continuous batching): without a bound, a
+burst of them would fill the batch and the calls' next turns would wait behind it. Beyond
+`max_completions_in_flight` a request is refused at once (429 with Retry-After) instead of
+queued.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+RETRY_AFTER_S = 1  # a short completion ends within a second or two: try again soon
+
+
+class CompletionSlots:
+    """Requests in flight per engine (a stage name: the Thinker serves completions)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: Counter[str] = Counter()
+
+    def take(self, engine: str) -> bool:
+        """Hold a slot of `engine`; False when all are held (refuse the request)."""
+        if self._held[engine] >= self.limit:
+            return False
+        self._held[engine] += 1
+        return True
+
+    def give_back(self, engine: str) -> None:
+        self._held[engine] -= 1
+
+    def held(self, engine: str) -> int:
+        return self._held[engine]
