@@ -108,14 +108,11 @@ def worker_main(spec: WorkerSpec) -> None:
 
 
 def _nice_autogroup(nice: int) -> None:
-    """Lower this session's scheduling autogroup to `nice` as well.
-
-    Where the kernel groups processes by session (sched_autogroup_enabled, the default on
-    Debian and Ubuntu), CPU time is first shared between the groups, each at its own nice
-    value, and a process's own nice value only orders it within its group. After setsid() the
-    worker leads a group of its own, so without this its engines would compete with the API
-    process as equals whatever os.nice() said.
-    """
+    """Lower this session's scheduling autogroup to `nice` as well. Where the kernel groups
+    processes by session (sched_autogroup_enabled, the default on Debian and Ubuntu), CPU time
+    is first shared between the groups, each at its own nice value; a process's own nice value
+    only orders it within its group. After setsid() the worker leads a group of its own: without
+    this its engines would compete with the API process as equals whatever os.nice() said."""
     path = "/proc/self/autogroup"
     if not os.path.exists(path):
         return  # no autogroups here: os.nice() is all there is
@@ -239,11 +236,7 @@ class JobServer:
         elif isinstance(msg, ReleaseTensors):
             self._release_tensors(msg)
         elif isinstance(msg, Inspect):
-            imports = self.ctx.imports
-            reply = InspectReply(msg.ack, list(self.stage.active_request_ids()), list(self.jobs),
-                                 self.ctx.sender.exporter.pending, imports.held,
-                                 cuda_allocated_bytes())
-            self._chore(self._send(identity, reply))
+            self._chore(self._inspect(identity, msg, set(self._chores)))
         elif msg.request_id in self.jobs:
             self._refuse(identity, msg, "ValueError", "a job with this request id is already "
                                                       "running")
@@ -259,6 +252,15 @@ class JobServer:
                     msg.request_id, type(exc).__name__, f"mapping its CUDA IPC tensors: {exc}")))
                 return
             self.jobs[msg.request_id] = asyncio.create_task(self._run_job(identity, msg))
+
+    async def _inspect(self, identity: bytes, msg: Inspect, chores: set[Any]) -> None:
+        """What the worker serves and its engine holds, told once the chores begun before the
+        question are done: an abort that came first (it takes a while) shows in the answer."""
+        await asyncio.gather(*chores, return_exceptions=True)
+        reply = InspectReply(msg.ack, list(self.stage.active_request_ids()), list(self.jobs),
+                             self.ctx.sender.exporter.pending, self.ctx.imports.held,
+                             cuda_allocated_bytes())
+        await self._send(identity, reply)
 
     def _refuse(self, identity: bytes, job: Job, error: str, message: str) -> None:
         self.ctx.refuse_job(job)
@@ -312,8 +314,7 @@ class JobServer:
         except StaleBlockError as exc:  # its sender gave a block of it back before it was read
             logger.debug("%s: its input was released unread; waiting for its abort", job.request_id)
             await asyncio.sleep(_STALE_INPUT_WAIT_S)  # the abort cancels this: a quiet end
-            logger.error("%s failed: its input was released unread, and it was not aborted",
-                         job.request_id, exc_info=exc)
+            logger.error("%s failed: its input was released unread", job.request_id, exc_info=exc)
             await self._send(identity, RequestError(job.request_id, type(exc).__name__, str(exc)))
         except Exception as exc:
             logger.exception("%s failed", job.request_id)

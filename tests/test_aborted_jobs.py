@@ -1,7 +1,7 @@
-"""A job whose input block went back to the pool before the job read it, on real worker
-processes (tests/fake_family, whose Talker reads its job's blocks): its turn was cancelled (the
-turn frees its jobs' blocks before their abort reaches the worker) and it ends quietly, or
-nobody gave it up and it fails loudly, naming why."""
+"""Aborted jobs in a stage worker, on real worker processes (tests/fake_family): a job whose
+input block went back to the pool before it read it ends quietly when its turn was cancelled
+(the turn frees its jobs' blocks before their abort reaches the worker), and fails loudly,
+naming why, when nobody gave it up; a question asked after an abort is answered after it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pipeline.client import StageClient
 from pipeline.errors import RequestFailedError
 from pipeline.orchestrator import Pipeline
 from pipeline.shm import BlockRef
-from pipeline.stage import TalkerJob
+from pipeline.stage import TalkerJob, ThinkerJob
 from tests.fake_family import HIDDEN
 from tests.test_pipeline_runtime import settings
 
@@ -27,7 +27,7 @@ async def released_ref(pipe: Pipeline) -> BlockRef:
     return ref
 
 
-async def drain(client: StageClient, job: TalkerJob) -> int:
+async def drain(client: StageClient, job: TalkerJob | ThinkerJob) -> int:
     return len([out async for out in client.submit(job)])
 
 
@@ -63,5 +63,24 @@ async def test_a_job_whose_input_was_released_unread_ends_quietly_only_if_aborte
         with pytest.raises(RequestFailedError, match="StaleBlockError"):
             await drain(talker, job)
         await worker_says(capfd, logs, f"ERROR pipeline.worker: {job.request_id} failed: its "
-                                       "input was released unread, and it was not aborted")
+                                       "input was released unread")
         assert "Traceback" in "".join(logs)
+
+
+async def test_what_a_worker_holds_is_told_after_the_abort_before_the_question() -> None:
+    async with Pipeline(settings(voicebox={})) as pipe:
+        thinker = pipe._clients["thinker"]
+        # A request the fake Thinker holds, as an engine does, until it is aborted.
+        job = ThinkerJob("held/1/thinker/0", [{"role": "user", "content": "STALL"}])
+        outputs = asyncio.create_task(drain(thinker, job))
+        for _ in range(1500):
+            if job.request_id in (await thinker.inspect()).engine_ids:
+                break
+        else:
+            raise AssertionError("the fake Thinker never took the request")
+        aborted = asyncio.ensure_future(thinker.abort([job.request_id]))
+        await asyncio.sleep(0)  # the abort's task runs up to its send: it leaves first
+        held = await thinker.inspect()  # asked at once, answered once the abort is done
+        assert job.request_id not in held.engine_ids + held.serving_ids, held
+        await aborted
+        assert await outputs == 0
