@@ -73,12 +73,6 @@ class CudaIpcRef(msgspec.Struct, frozen=True, tag="cuda"):
     stage: str = ""  # the producing stage: where the release of this transfer goes
 
 
-class CudaIpcRelease(msgspec.Struct, frozen=True, tag="cuda_release"):
-    """The consumer's answer: it dropped the tensor of `transfer`; the producer may free it."""
-
-    transfer: int
-
-
 TensorRef = BlockRef | CudaIpcRef  # what a stage sends for a tensor on the control channel
 
 
@@ -151,12 +145,6 @@ class CudaIpcExporter:
             except TimeoutError:
                 break  # export() raises the clear error
         return self.export(tensor)
-
-    def release(self, message: CudaIpcRelease) -> None:
-        """Drop the clone the consumer has released; torch frees it once no process maps it."""
-        if self.release_transfers([message.transfer]):
-            raise StaleBlockError(f"CUDA IPC transfer {message.transfer} is unknown or already "
-                                  f"released")
 
     def release_transfers(self, transfers: Iterable[int], delivered: bool = True) -> list[int]:
         """Drop these exports' clones; the transfers not pending here, which are left alone.
@@ -281,26 +269,7 @@ class TensorSender:
             return await self.exporter.put(tensor, timeout)
         return await self.pool.put(tensor, timeout)
 
-    def on_release(self, message: CudaIpcRelease) -> None:
-        """The consumer released a CUDA IPC transfer (block releases need no message)."""
-        self.exporter.release(message)
-
     def release(self, transfers: Iterable[int], delivered: bool = True) -> list[int]:
         """Drop the exports of these transfers (see `CudaIpcExporter.release_transfers`)."""
         return self.exporter.release_transfers(transfers, delivered)
 
-
-def open_tensor(pool: BlockPool, ref: TensorRef) -> torch.Tensor:
-    """The consumer's zero-copy tensor for `ref`: a CPU view of a block, or the CUDA import."""
-    if isinstance(ref, CudaIpcRef):
-        return import_cuda(ref)
-    return pool.view_torch(ref)
-
-
-def close_tensor(pool: BlockPool, ref: TensorRef) -> CudaIpcRelease | None:
-    """Give back what `ref` holds, once the consumer dropped its tensor: a block goes back to
-    the pool at once; for CUDA IPC, the release message to send to the producer."""
-    if isinstance(ref, CudaIpcRef):
-        return CudaIpcRelease(ref.transfer)
-    pool.release(ref)
-    return None

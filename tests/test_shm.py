@@ -1,4 +1,4 @@
-"""The shared-memory block pool and the CUDA IPC path, across real spawned processes."""
+"""The shared-memory block pool, across real spawned processes (CUDA IPC: test_cuda_ipc_*.py)."""
 
 from __future__ import annotations
 
@@ -17,16 +17,6 @@ import msgspec
 import numpy as np
 import pytest
 
-from pipeline.cuda_ipc import (
-    CudaIpcExporter,
-    CudaIpcRef,
-    CudaIpcRelease,
-    TensorRef,
-    TensorSender,
-    close_tensor,
-    import_cuda,
-    open_tensor,
-)
 from pipeline.shm import (
     BlockPool,
     BlockRef,
@@ -338,62 +328,3 @@ def test_the_transport_modules_do_not_import_torch() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
-
-
-# ---- the transport choice and CUDA IPC ----
-
-
-async def test_sender_uses_the_pool_unless_both_sides_are_on_cuda(pool: BlockPool) -> None:
-    torch = pytest.importorskip("torch")
-    sender = TensorSender(pool, peer_on_cuda=True)
-    tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    assert not sender.uses_cuda_ipc(tensor)
-    ref = await sender.send(tensor, timeout=1)
-    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(ref), type=TensorRef)
-    assert isinstance(wire, BlockRef) and wire == ref
-    assert torch.equal(open_tensor(pool, wire), tensor)
-    assert close_tensor(pool, wire) is None and pool.in_use == 0
-    cuda_ref = CudaIpcRef(1, "float32", (2,), (1,), 0, 0, b"h", 8, 0, b"c", 0, None, False)
-    assert msgspec.msgpack.decode(msgspec.msgpack.encode(cuda_ref), type=TensorRef) == cuda_ref
-    assert close_tensor(pool, cuda_ref) == CudaIpcRelease(1)
-
-
-def _cuda_producer(refs: mp.Queue, releases: mp.Queue, results: mp.Queue) -> None:
-    import torch  # in the spawned child only
-    exporter = CudaIpcExporter(max_pending=4)
-    source = torch.arange(1 << 20, dtype=torch.float32, device="cuda").reshape(1024, 1024)
-    ref = exporter.export(source)
-    source.zero_()  # the clone the consumer reads is unaffected
-    refs.put(msgspec.msgpack.encode(ref))
-    exporter.release(msgspec.msgpack.decode(releases.get(timeout=60), type=CudaIpcRelease))
-    results.put(exporter.pending)
-
-
-def _cuda_consumer(refs: mp.Queue, releases: mp.Queue, results: mp.Queue) -> None:
-    import torch  # in the spawned child only
-    ref = msgspec.msgpack.decode(refs.get(timeout=60), type=CudaIpcRef)
-    tensor = import_cuda(ref)
-    expected = torch.arange(1 << 20, dtype=torch.float32, device="cuda").reshape(1024, 1024)
-    results.put((tensor.is_cuda, bool(torch.equal(tensor, expected))))
-    del tensor
-    releases.put(msgspec.msgpack.encode(CudaIpcRelease(ref.transfer)))
-
-
-def test_cuda_ipc_between_processes(capsys: pytest.CaptureFixture[str]) -> None:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        reason = (f"CUDA IPC test skipped: torch.cuda.is_available() is False "
-                  f"(torch {torch.__version__}, no CUDA device here)")
-        with capsys.disabled():
-            print(f"\n{reason}")
-        pytest.skip(reason)
-    refs, releases, results = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Queue()
-    producer = SPAWN.Process(target=_cuda_producer, args=(refs, releases, results))
-    consumer = SPAWN.Process(target=_cuda_consumer, args=(refs, releases, results))
-    producer.start()
-    consumer.start()
-    got = [results.get(timeout=120) for _ in range(2)]
-    for process in (producer, consumer):
-        process.join(timeout=60)
-        assert process.exitcode == 0
-    assert (True, True) in got and 0 in got  # consumer read the data; producer holds nothing

@@ -4,7 +4,7 @@ The embedding of Thinker token i is the row i * ROW + arange(HIDDEN), float32 on
 with `ctx.send_tensor` (a CUDA IPC export while the pipeline's `cuda_ipc` is on). The Talker
 takes its job's pieces with `ctx.take_tensors`, refuses them unless they came on the GPU with
 every row's pattern intact, and speaks token i for row i, so the audio says which rows arrived,
-in order. Only a GPU host runs it (tests/test_cuda_ipc_transport.py skips it elsewhere).
+in order. Only a GPU host runs it (tests/test_cuda_ipc_gpu.py skips it elsewhere).
 """
 
 from __future__ import annotations
