@@ -36,6 +36,21 @@ PERSON = {
 }
 
 
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city now",
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                       "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
+                                      "unit": {"enum": ["C", "F"]}}}}},
+    {"type": "function", "function": {
+        "name": "book_table", "parameters": {
+            "type": "object", "additionalProperties": False, "required": ["people", "time"],
+            "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12},
+                           "time": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"}}}}},
+]
+PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+
+
 def clients(served: Served) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
     # No API keys on the server (local mode); the SDK insists on one, and sends it.
     options: dict[str, Any] = {"base_url": f"{served.url}/v1", "api_key": "local-mode",
@@ -144,6 +159,7 @@ async def test_unknown_model_is_a_404(tiny_server: Served) -> None:
 
 @pytest.mark.parametrize(("ask", "param"), [
     ({"n": 2}, "n"),
+    ({"tool_choice": "required"}, "tool_choice"),  # no tools to choose from
     ({"temperature": 3}, "temperature"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
         "url": "data:,"}}]}]}, "messages[0].content"),
@@ -215,3 +231,38 @@ async def test_completions_beyond_the_bound_get_429_and_a_gone_client_aborts(
     again = await client.chat.completions.create(**{**ask, "stream": False,
                                                     "max_completion_tokens": 2})
     assert again.usage.completion_tokens == 2  # room again once they were gone
+
+
+async def test_required_tool_calls_have_arguments_valid_for_their_schema(
+    tiny_server: Served
+) -> None:
+    _, client = clients(tiny_server)
+    for _ in range(3):  # sampled on random weights: each call valid all the same
+        reply = await client.chat.completions.create(
+            model="tiny", messages=USER, tools=TOOLS, tool_choice="required", temperature=1.0,
+            max_completion_tokens=200)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+async def test_a_named_tool_streamed_and_its_result_answered(tiny_server: Served) -> None:
+    _, client = clients(tiny_server)
+    named = {"type": "function", "function": {"name": "book_table"}}
+    chunks = [chunk async for chunk in await client.chat.completions.create(
+        model="tiny", messages=USER, tools=TOOLS, tool_choice=named, stream=True,
+        max_completion_tokens=200)]
+    (call,) = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert call.function.name == "book_table"
+    jsonschema.validate(json.loads(call.function.arguments), PARAMETERS["book_table"])
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    history = [*USER, {"role": "assistant", "content": None, "tool_calls": [{
+        "id": call.id, "type": "function", "function": {
+            "name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "booked"}]
+    reply = await client.chat.completions.create(
+        model="tiny", messages=history, tools=TOOLS, tool_choice="none",
+        max_completion_tokens=8)
+    assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content

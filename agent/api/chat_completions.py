@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from agent.api.chat_request import BadRequest, ChatCompletionRequest, parse_request
 from agent.api.chat_response import DONE, Completion, finish_reason, sse
+from agent.api.chat_tools import Answer, read_answer
 from agent.api.completion_slots import RETRY_AFTER_S, CompletionSlots
 from agent.api.openai_errors import model_not_found, openai_error
 from agent.api.served_models import resolve
@@ -119,7 +120,7 @@ async def chat_completions(request: Request) -> Response:
     if chat.stream:
         return CompletionStream(stream(run, first, chat, completion), run)
     try:
-        return await whole(run, first, completion)
+        return await whole(run, first, chat, completion)
     except PipelineError as exc:
         return refused(request, chat, exc)
     finally:
@@ -130,42 +131,57 @@ def thinker_job(chat: ChatCompletionRequest, completion: Completion) -> ThinkerJ
     """The text-only Thinker job of a request."""
     options = SamplingOptions(temperature=chat.temperature, top_p=chat.top_p, seed=chat.seed,
                               stop=chat.stops())
-    response_format = chat.response_format.for_thinker() if chat.response_format else None
-    return ThinkerJob(f"completions/{completion.id}/{ENGINE}/0",
-                      [message.for_thinker() for message in chat.messages],
-                      max_tokens=chat.reply_tokens(), response_format=response_format,
+    return ThinkerJob(f"completions/{completion.id}/{ENGINE}/0", chat.thinker_messages(),
+                      max_tokens=chat.reply_tokens(), response_format=chat.thinker_format(),
                       sampling=options, embeds=False)
 
 
-async def whole(run: CompletionRun, output: ThinkerOutput, completion: Completion
-                ) -> JSONResponse:
+def answer_of(chat: ChatCompletionRequest, text: str, engine_reason: str | None
+              ) -> tuple[Answer, str]:
+    """The reply as words or tool calls, and its finish reason."""
+    if not chat.calls_tools():
+        return Answer(text), finish_reason(engine_reason)
+    answer = read_answer(text)
+    return answer, "tool_calls" if answer.calls else finish_reason(engine_reason)
+
+
+async def whole(run: CompletionRun, output: ThinkerOutput, chat: ChatCompletionRequest,
+                completion: Completion) -> JSONResponse:
     """Collect the reply, then answer it in one piece."""
     text: list[str] = []
     while True:
         completion.count(output)
         text.append(output.text)
         if output.finished:
-            return JSONResponse(completion.whole("".join(text),
-                                                 finish_reason(output.finish_reason)))
+            answer, reason = answer_of(chat, "".join(text), output.finish_reason)
+            return JSONResponse(completion.whole(answer.message(), reason))
         output = await run.next()
 
 
 async def stream(run: CompletionRun, output: ThinkerOutput, chat: ChatCompletionRequest,
                  completion: Completion) -> AsyncIterator[bytes]:
     """The reply as chunks: the role first, then text deltas, then the finish reason (and the
-    usage chunk when asked for), then [DONE]. An error mid-stream is an error event, last."""
-    usage = chat.include_usage()
+    usage chunk when asked for), then [DONE]. An error mid-stream is an error event, last.
+    An answer in the tool format is read whole first, then sent as one delta of its content
+    or its tool call."""
+    usage, held = chat.include_usage(), chat.calls_tools()
+    text: list[str] = []
     try:
         yield sse(completion.chunk({"role": "assistant", "content": ""}, with_usage=usage))
         while True:
             completion.count(output)
-            if output.text:
+            if output.text and not held:
                 yield sse(completion.chunk({"content": output.text}, with_usage=usage))
+            text.append(output.text)
             if output.finished:
-                yield sse(completion.chunk({}, finish_reason(output.finish_reason),
-                                           with_usage=usage))
                 break
             output = await run.next()
+        answer, reason = answer_of(chat, "".join(text), output.finish_reason)
+        if held:
+            delta = ({"tool_calls": [{"index": i, **call} for i, call in enumerate(answer.calls)]}
+                     if answer.calls else {"content": answer.content})
+            yield sse(completion.chunk(delta, with_usage=usage))
+        yield sse(completion.chunk({}, reason, with_usage=usage))
         if usage:
             yield sse(completion.usage_chunk())
         yield DONE

@@ -11,6 +11,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agent.api.chat_tools import (
+    NamedChoice,
+    Tool,
+    ToolChoice,
+    answer_schema,
+    call_as_text,
+    tools_prompt,
+)
+
 MAX_STOP_SEQUENCES = 4  # OpenAI's own bound
 # No max_completion_tokens: the reply may take whatever the prompt leaves of the context.
 UNBOUNDED_TOKENS = 1 << 20
@@ -21,9 +30,17 @@ class Message(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+    @model_validator(mode="after")
+    def _tool_message_names_its_call(self) -> Message:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
     @field_validator("content")
     @classmethod
@@ -41,6 +58,9 @@ class Message(BaseModel):
         return self.content or ""
 
     def for_thinker(self) -> dict[str, str]:
+        if self.tool_calls:  # shown as the Thinker writes calls (chat_tools.py)
+            return {"role": "assistant",
+                    "content": "\n".join(call_as_text(call) for call in self.tool_calls)}
         return {"role": "system" if self.role == "developer" else self.role,
                 "content": self.text()}
 
@@ -101,6 +121,9 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # one call at most is made, whatever it says
     # Accepted and not acted on: they change nothing in the reply.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -128,6 +151,45 @@ class ChatCompletionRequest(BaseModel):
             raise ValueError("stream_options: only with stream=true")
         return self
 
+    @model_validator(mode="after")
+    def _tools_consistent(self) -> ChatCompletionRequest:
+        names = [tool.function.name for tool in self.tools or []]
+        if self.tool_choice is not None and self.tool_choice != "none" and not names:
+            raise BadRequest("tool_choice needs tools", "tool_choice")
+        named = self.tool_choice
+        if isinstance(named, NamedChoice) and named.function.name not in names:
+            raise BadRequest(f"tool_choice names {named.function.name!r}, which is not among "
+                             f"the tools", "tool_choice")
+        if self.calls_tools() and self.response_format and self.response_format.type != "text":
+            raise BadRequest("response_format cannot apply where tools shape the answer "
+                             "(use tool_choice 'none')", "response_format")
+        return self
+
+    def choice(self) -> ToolChoice:
+        """tool_choice as it applies: unset, "auto" with tools (OpenAI's default)."""
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    def calls_tools(self) -> bool:
+        """Whether the answer is generated in the tool format (chat_tools.py)."""
+        return answer_schema(self.tools or [], self.choice()) is not None
+
+    def thinker_format(self) -> dict[str, Any] | None:
+        """The structure the Thinker's answer is guided to: the tools', or response_format."""
+        schema = answer_schema(self.tools or [], self.choice())
+        if schema is not None:
+            return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        return self.response_format.for_thinker() if self.response_format else None
+
+    def thinker_messages(self) -> list[dict[str, str]]:
+        """The history for the Thinker, the tools' system message after the first system
+        message (or first)."""
+        messages = [message.for_thinker() for message in self.messages]
+        if self.calls_tools():
+            at = 1 if messages[0]["role"] == "system" else 0
+            prompt = tools_prompt(self.tools or [], self.choice())
+            messages.insert(at, {"role": "system", "content": prompt})
+        return messages
+
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
@@ -138,7 +200,7 @@ class ChatCompletionRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class BadRequest(ValueError):
+class BadRequest(ValueError):  # a ValueError: pydantic reports it raised in a validator
     """A request refused: `param` is the field at fault (OpenAI's `param`)."""
 
     def __init__(self, message: str, param: str | None) -> None:
@@ -152,6 +214,9 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate_json(body)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, BadRequest):  # a check across fields names its own field
+            raise BadRequest(f"{cause.param}: {cause}", cause.param) from None
         param = field_path(error["loc"])
         where = f"{param}: " if param else ""
         message = NOT_HONOURED if error["type"] == "extra_forbidden" else error["msg"]
@@ -161,7 +226,7 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
 NOT_HONOURED = "not supported by this server (refused rather than ignored)"
 # Pydantic names the member of a union it tried in the error's location; a client never sees
 # those, only field names and list indexes.
-_UNION_MEMBERS = {"str", "list[dict[str,any]]", "list[str]", "dict[str,any]", "none"}
+_UNION_MEMBERS = {"str", "none"}
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
@@ -170,6 +235,6 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part.replace(" ", "").lower() not in _UNION_MEMBERS:
+        elif not (part in _UNION_MEMBERS or "[" in part or part[:1].isupper()):
             path += f".{part}" if path else part
     return path

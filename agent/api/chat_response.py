@@ -48,9 +48,8 @@ class Completion:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "system_fingerprint": None}
 
-    def whole(self, text: str, reason: str) -> dict[str, Any]:
-        """The non-streamed answer."""
-        message = {"role": "assistant", "content": text, "refusal": None}
+    def whole(self, message: dict[str, Any], reason: str) -> dict[str, Any]:
+        """The non-streamed answer: the assistant's message (chat_tools.Answer.message)."""
         choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None}
         return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage()}
 
