@@ -5,7 +5,9 @@
 - concurrency: turns completed per second with 1, 8, 32 turns started at once;
 - shm_vs_pickle: moving one tensor between processes through the pool versus pickling it; the
   headline (`shm_inplace_s`, `inplace_ratio`) is the product's own path: a leased block written
-  in place, its ref sent, the consumer reading a view (`transport.py`).
+  in place, its ref sent, the consumer reading a view; beside it the same round trip after an
+  equal wait with nothing written (`shm_pause_s`), which shows what its growth with size is
+  (`transport.py`).
 Figures are printed and returned; none is asserted (they depend on the machine).
 """
 
