@@ -266,3 +266,25 @@ async def test_a_named_tool_streamed_and_its_result_answered(tiny_server: Served
         model="tiny", messages=history, tools=TOOLS, tool_choice="none",
         max_completion_tokens=8)
     assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content
+
+
+async def test_a_client_gone_before_its_whole_answer_aborts_the_request(
+    tiny_server: Served
+) -> None:
+    """Not streamed: the client closes its connection while the reply is generated."""
+    _, client = clients(tiny_server)
+    asked = asyncio.create_task(client.chat.completions.create(
+        model="tiny", messages=USER, max_completion_tokens=900))
+    for _ in range(1500):  # until the engine holds it
+        if any(rid.startswith("completions/") for rid in await engine_requests(tiny_server)):
+            break
+        await asyncio.sleep(0.02)
+    assert not asked.done()  # 900 tokens on one core: still generating
+    asked.cancel()  # the SDK's connection closes with it
+    for _ in range(500):
+        if (tiny_server.app.state.completion_slots.held(ENGINE) == 0 and not any(
+                rid.startswith("completions/") for rid in await engine_requests(tiny_server))):
+            break
+        await asyncio.sleep(0.02)
+    assert tiny_server.app.state.completion_slots.held(ENGINE) == 0
+    assert not any(rid.startswith("completions/") for rid in await engine_requests(tiny_server))

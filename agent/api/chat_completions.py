@@ -9,10 +9,11 @@ flight per engine are bounded (completion_slots.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import suppress
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -37,11 +38,13 @@ from pipeline.sampling_options import SamplingOptions
 from pipeline.stage import ThinkerJob, ThinkerOutput
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 router = APIRouter()
 
 MAX_BODY_BYTES = 1 << 20
 ENGINE = "thinker"  # the stage whose engine serves completions
 NOT_READY_RETRY_S = 5
+CLIENT_GONE = 499  # the status nginx logs for a client that closed before the answer
 # Errors a Thinker raises for the request itself, not for its state: the client's to fix.
 REQUEST_ERRORS = ("VLLMValidationError", "ValueError")
 
@@ -110,21 +113,47 @@ async def chat_completions(request: Request) -> Response:
         run = CompletionRun(request.app.state.pipeline.generate_text(thinker_job(chat,
                                                                                  completion)),
                             slots)
-        first = await run.next()
+        first = await unless_gone(request, run.next())
     except (PipelineError, StopAsyncIteration) as exc:
         if run is None:
             slots.give_back(ENGINE)
         else:
             await run.close()
         return refused(request, chat, exc)
-    if chat.stream:
+    if first is None:
+        await run.close()
+        return Response(status_code=CLIENT_GONE)
+    if chat.stream:  # from here, the streamed response itself hears of a client that left
         return CompletionStream(stream(run, first, chat, completion), run)
     try:
-        return await whole(run, first, chat, completion)
+        answer = await unless_gone(request, whole(run, first, chat, completion))
+        return Response(status_code=CLIENT_GONE) if answer is None else answer
     except PipelineError as exc:
         return refused(request, chat, exc)
     finally:
         await run.close()
+
+
+async def unless_gone(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None as soon as the client has closed its connection (`work` is
+    cancelled then; closing the run aborts the engine request). Starlette does not cancel a
+    handler whose client left, and a request nobody waits for must not keep its slot."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this handler is cancelled: the work never outlives it
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body is read: only a disconnect comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def thinker_job(chat: ChatCompletionRequest, completion: Completion) -> ThinkerJob:
