@@ -24,6 +24,7 @@ from agent.api import auth
 from agent.api.chat_completions import router as chat_completions_router
 from agent.api.completion_slots import CompletionSlots
 from agent.api.models_route import router as models_router
+from agent.api.realtime_ws import router as realtime_ws_router
 from agent.api.records_route import router as records_router
 from agent.api.signalling import router as signalling_router
 from agent.calls.call import Call, HandlerFactory
@@ -118,6 +119,7 @@ def create_app(
     if settings.location_prefix:  # added last, so outermost: authentication sees /v1/...
         app.add_middleware(StripPrefix, prefix=settings.location_prefix)
     app.include_router(signalling_router)
+    app.include_router(realtime_ws_router)
     app.include_router(records_router)
     app.include_router(models_router)
     app.include_router(chat_completions_router)

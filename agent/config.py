@@ -31,6 +31,8 @@ class ConversationSettings(BaseModel):
     barge_in_min_ms: int = Field(200, ge=0, description="speech shorter than this never cancels")
     echo_guard_ms: int = Field(0, ge=0, description="ignore onsets this long after agent starts")
     create_response: bool = Field(True, description="answer each utterance automatically")
+    server_vad: bool = Field(True, description="the VAD ends turns; off: the client commits them")
+    text_only: bool = Field(False, description="replies in text alone (output_modalities text)")
 
 
 ENV_PREFIX = "OMNIVOX_"
@@ -96,6 +98,18 @@ class Settings(BaseSettings):
     )
     inbound_jitter_packets: int = Field(
         1, ge=1, le=16, description="caller audio packets held to reorder them (20 ms each)"
+    )
+    # Realtime over WebSocket (agent/calls/websocket_call.py): what one socket may hold.
+    ws_max_message_bytes: int = Field(
+        2 * 1024 * 1024, ge=1024, description="largest WebSocket client message (an audio append)"
+    )
+    ws_audio_ahead_ms: int = Field(
+        30_000, ge=1000, description="caller audio a WebSocket client may send ahead of real "
+        "time; past it the client gets an error and is disconnected",
+    )
+    ws_send_buffer_bytes: int = Field(
+        8 * 1024 * 1024, ge=64 * 1024, description="server events waiting for a WebSocket "
+        "client to read them; past it the client gets an error and is disconnected",
     )
     vad: VadConfig = Field(default_factory=VadConfig)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)

@@ -41,6 +41,9 @@ BUILT: dict[str, Callable[[], dict[str, Any]]] = {
     "response.output_audio_transcript.done":
         lambda: ev.output_audio_transcript_done("resp_1", "item_1", "Hello there."),
     "response.output_audio.done": lambda: ev.output_audio_done("resp_1", "item_1"),
+    "response.output_audio.delta": lambda: ev.output_audio_delta("resp_1", "item_1", "AAA="),
+    "response.output_text.delta": lambda: ev.output_text_delta("resp_1", "item_1", "Hel"),
+    "response.output_text.done": lambda: ev.output_text_done("resp_1", "item_1", "Hello."),
     "response.done": lambda: ev.response_done(RESPONSE),
     "output_audio_buffer.started": lambda: ev.output_audio_buffer_started("resp_1"),
     "output_audio_buffer.stopped": lambda: ev.output_audio_buffer_stopped("resp_1"),
@@ -55,6 +58,20 @@ def test_each_builder_makes_a_valid_event_of_its_type(event_type: str) -> None:
     parsed = SERVER_EVENT.validate_python(event)
     assert parsed.type == event_type == event["type"]
     assert event["event_id"].startswith("event_")
+
+
+def test_text_only_and_manual_turn_sessions_and_replies_are_valid_too() -> None:
+    settings = ConversationSettings(text_only=True, server_vad=False)
+    session = ev.session_object("sess_1", "tiny", settings, VadConfig())
+    assert session["output_modalities"] == ["text"]
+    assert session["audio"]["input"]["turn_detection"] is None
+    item = ev.assistant_item("item_1", "Hello.", "completed", text_only=True)
+    response = ev.response_object("resp_1", "completed", [item], text_only=True)
+    for event in (ev.session_updated(session), ev.response_done(response),
+                  ev.response_created("resp_1", text_only=True)):
+        SERVER_EVENT.validate_python(event)
+    assert response["output_modalities"] == ["text"]
+    assert item["content"] == [{"type": "output_text", "text": "Hello."}]
 
 
 def test_a_cancelled_response_and_a_stage_failure_are_valid_too() -> None:

@@ -4,7 +4,9 @@ With no API keys configured (local mode) nothing here refuses anything. With key
 whose path starts with /v1 needs `Authorization: Bearer <API key>`, checked by an ASGI middleware
 in front of the whole app, so routes added by any module are covered without opting in. A
 client secret, minted with an API key at POST /v1/realtime/client_secrets, stands in for the key
-on exactly one POST /v1/realtime/calls, and afterwards on the hang-up of the call it created.
+on exactly one POST /v1/realtime/calls, and afterwards on the hang-up of the call it created,
+or on one Realtime WebSocket (GET /v1/realtime?model=...), given as a bearer token or, as
+browsers must, in the `openai-insecure-api-key.<secret>` subprotocol (never an API key there).
 
 Secrets are never logged; the store keeps only their SHA-256 digests, which also makes lookups
 independent of how much of a guessed secret is right. API keys are compared in constant time.
@@ -24,6 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -39,6 +42,8 @@ router = APIRouter()
 
 PROTECTED_PREFIX = "/v1"
 CALLS_PATH = "/v1/realtime/calls"
+REALTIME_PATH = "/v1/realtime"  # the WebSocket
+INSECURE_KEY_PROTOCOL = "openai-insecure-api-key."  # a browser's credential, as a subprotocol
 # A hang-up of one call: DELETE on its path, or POST on its `hangup` action (the SDK's form).
 HANG_UP = re.compile(
     r"^(?:DELETE /v1/realtime/calls/([^/]+)|POST /v1/realtime/calls/([^/]+)/hangup)$"
@@ -154,6 +159,14 @@ def bearer_token(scope: Scope) -> str | None:
     return None
 
 
+def subprotocol_token(scope: Scope) -> str | None:
+    """The credential a browser gives as the `openai-insecure-api-key.<token>` subprotocol."""
+    for protocol in scope.get("subprotocols", []):
+        if protocol.startswith(INSECURE_KEY_PROTOCOL):
+            return protocol[len(INSECURE_KEY_PROTOCOL):] or None
+    return None
+
+
 class BearerAuth:
     """ASGI middleware: every /v1 request needs an API key or, where allowed, a client secret."""
 
@@ -172,6 +185,11 @@ class BearerAuth:
         if token is not None and self._is_key(token):
             await self.app(scope, receive, send)
             return
+        if scope["type"] == "websocket" and path == REALTIME_PATH:
+            token = token or subprotocol_token(scope)
+            if token is not None and self._conversation_secret(scope, token):
+                await self.app(scope, receive, send)
+                return
         method = scope.get("method", "")
         if token is not None and scope["type"] == "http":
             if method == "POST" and path == CALLS_PATH:
@@ -187,6 +205,18 @@ class BearerAuth:
         reason = "no bearer token" if token is None else "unknown, expired or used token"
         log.info("refused %s %s from %s: %s", method or "websocket", path, client[0], reason)
         await self._refuse(scope, receive, send, missing=token is None)
+
+    def _conversation_secret(self, scope: Scope, token: str) -> bool:
+        """Whether `token` is a client secret this Realtime WebSocket may use up: one starts a
+        conversation of its own, never joins a call (call_id: API keys only)."""
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if any(name == "call_id" for name, _ in query):  # decoded as the route will read it
+            return False
+        digest = self.secrets.reserve(token)
+        if digest is None:
+            return False
+        self.secrets.bind(digest, "")  # used up; it hangs up nothing
+        return True
 
     def _is_key(self, token: str) -> bool:
         """Constant time: digests of equal length, every key compared, no early exit."""

@@ -24,12 +24,13 @@ class TokenBucket:
         self._tokens = float(burst)
         self._at = clock()
 
-    def take(self) -> bool:
-        """Spend one token: True if there was one, False if the caller is over the rate."""
+    def take(self, amount: float = 1.0) -> bool:
+        """Spend `amount` tokens: True if there were that many, False if the caller is over
+        the rate (and nothing is spent)."""
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
-        if self._tokens < 1.0:
+        if self._tokens < amount:
             return False
-        self._tokens -= 1.0
+        self._tokens -= amount
         return True

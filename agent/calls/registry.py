@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 from agent.calls.call import Call
+from agent.calls.call_base import CallBase
 from agent.config import Settings
 from agent.ops.metrics import Metrics
 from agent.ops.readiness import FailureSource
@@ -29,28 +31,29 @@ class CallRegistry:
         self.settings = settings
         self.records = records
         self.metrics = metrics if metrics is not None else Metrics()
-        self._calls: dict[str, Call] = {}
+        self._calls: dict[str, CallBase] = {}
 
-    def new_call(self) -> Call:
+    def new_call(self, kind: type[CallBase] = Call) -> Any:
+        """A new call of `kind` (WebRTC unless told), counted against the maximum."""
         if len(self._calls) >= self.settings.max_calls:
             raise CallLimitError(f"the server holds its maximum of {self.settings.max_calls} calls")
-        call = Call(
+        call = kind(
             self.settings, on_ended=self._forget, metrics=self.metrics, records=self.records
         )
         self._calls[call.id] = call
         return call
 
-    def get(self, call_id: str) -> Call | None:
+    def get(self, call_id: str) -> Any:
         return self._calls.get(call_id)
 
     def __len__(self) -> int:
         return len(self._calls)
 
-    def __iter__(self) -> Iterator[Call]:
+    def __iter__(self) -> Iterator[CallBase]:
         """The live calls (a snapshot: a call may end while the caller iterates)."""
         return iter(list(self._calls.values()))
 
-    def _forget(self, call: Call) -> None:
+    def _forget(self, call: CallBase) -> None:
         self._calls.pop(call.id, None)
 
     async def close_all(self) -> None:

@@ -15,12 +15,15 @@ from agent.realtime.server_events import (
     session_updated,
     user_text_item,
 )
-from agent.realtime.session_config import configure
+from agent.realtime.session_config import SessionConfigError, configure, text_only
+from media.audio_format import SAMPLE_RATE
 
 if TYPE_CHECKING:
     from agent.realtime.session import Session
 
 log = logging.getLogger(__name__)
+MIN_COMMIT_MS = 100  # OpenAI's least input audio a commit takes
+
 
 class ClientEvents:
     """The session's half that listens: one handler per client event type, in one table."""
@@ -33,6 +36,7 @@ class ClientEvents:
             "response.cancel": self.response_cancel,
             "output_audio_buffer.clear": self.output_audio_buffer_clear,
             "input_audio_buffer.clear": self.input_audio_buffer_clear,
+            "input_audio_buffer.commit": self.input_audio_buffer_commit,
             "conversation.item.create": self.conversation_item_create,
             "conversation.item.truncate": self.conversation_item_truncate,
         }
@@ -43,7 +47,7 @@ class ClientEvents:
         if handler is None:
             self.session.call.send_event(
                 error_event(
-                    f"{event.type} is not supported on a WebRTC call",
+                    f"{event.type} is not supported on this call",
                     code="unsupported_event",
                     event_id=event.event_id,
                 )
@@ -75,7 +79,15 @@ class ClientEvents:
                 )
             )
             return
-        self.session.start_reply()
+        modalities = getattr(event.response, "output_modalities", None)
+        try:
+            text = text_only(modalities) if modalities is not None else None
+        except SessionConfigError as exc:
+            self.session.call.send_event(error_event(
+                f"response.create: {exc}", code="invalid_value", event_id=event.event_id,
+                param="response.output_modalities"))
+            return
+        self.session.start_reply(text_only=text)
 
     def response_cancel(self, event: Any) -> None:
         if self.session.reply is None:
@@ -93,8 +105,26 @@ class ClientEvents:
         self.session.interrupt("client_cancelled")
 
     def input_audio_buffer_clear(self, event: Any) -> None:
-        self.session.call.vad.clear()
+        self.session.call.clear_input()
         self.session.call.send_event(input_audio_buffer_cleared())
+
+    def input_audio_buffer_commit(self, event: Any) -> None:
+        """The caller's audio since the last commit becomes a turn (server VAD off: with it
+        on, the VAD commits)."""
+        call = self.session.call
+        if call.server_vad:
+            call.send_event(error_event(
+                "input_audio_buffer.commit is supported with turn_detection null only (the "
+                "server VAD commits the caller's turns)",
+                code="unsupported_event", event_id=event.event_id))
+            return
+        pcm = call.take_input()
+        if pcm is None or len(pcm) * 1000 // SAMPLE_RATE < MIN_COMMIT_MS:
+            call.send_event(error_event(
+                f"the input audio buffer holds less than {MIN_COMMIT_MS} ms of audio",
+                code="input_audio_buffer_commit_empty", event_id=event.event_id))
+            return
+        self.session.commit(new_id("item"), pcm)
 
     def conversation_item_create(self, event: Any) -> None:
         item = event.item
@@ -112,7 +142,8 @@ class ClientEvents:
         text = " ".join(texts)
         self.session.conversation.add(item_id, "user", text)
         self.session.call.send_event(conversation_item_created(user_text_item(item_id, text)))
-        if self.session.settings.create_response and self.session.reply is None:
+        settings = self.session.settings  # without server VAD the client asks for replies
+        if settings.create_response and settings.server_vad and self.session.reply is None:
             self.session.start_reply()
 
     def conversation_item_truncate(self, event: Any) -> None:

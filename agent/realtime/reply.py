@@ -14,6 +14,7 @@ from agent.realtime.server_events import (
     output_audio_done,
     output_audio_transcript_done,
     output_item_done,
+    output_text_done,
     response_done,
     response_object,
 )
@@ -33,6 +34,7 @@ class Reply:
     item_id: str
     turn_id: str
     user_item_id: str | None
+    text_only: bool = False  # output_modalities ["text"]: the reply's audio is not sent
     text: str = ""
     spoken: SpokenText = field(default_factory=SpokenText)
     audio_base_ms: int | None = None  # call's played_ms at which this reply's audio begins
@@ -70,12 +72,15 @@ def done_events(
     events = []
     if error:
         events.append(error_event(error, code="response_failed", error_type="server_error"))
-    if status == "completed":
+    if status == "completed" and reply.text_only:
+        events.append(output_text_done(response_id, item_id, transcript))
+    elif status == "completed":
         events.append(output_audio_transcript_done(response_id, item_id, transcript))
         events.append(output_audio_done(response_id, item_id))
     item_status = "completed" if status == "completed" else "incomplete"
-    item = assistant_item(item_id, transcript, item_status)
+    item = assistant_item(item_id, transcript, item_status, reply.text_only)
     events.append(output_item_done(response_id, item))
-    body = response_object(response_id, status, [item], usage=usage, reason=reason, error=error)
+    body = response_object(response_id, status, [item], usage=usage, reason=reason, error=error,
+                           text_only=reply.text_only)
     events.append(response_done(body))
     return events

@@ -36,7 +36,7 @@ def session_object(
         "id": session_id,
         "model": profile,
         "instructions": conversation.instructions,
-        "output_modalities": ["audio"],
+        "output_modalities": modalities(conversation.text_only),
         "audio": {
             "input": {
                 "format": pcm,
@@ -48,12 +48,18 @@ def session_object(
                     "silence_duration_ms": vad.silence_ms,
                     "interrupt_response": conversation.barge_in,
                     "create_response": conversation.create_response,
-                },
+                } if conversation.server_vad else None,
             },
             "output": {"format": pcm, "voice": conversation.voice},
         },
         "max_output_tokens": conversation.max_reply_tokens,
     }
+
+
+def modalities(text_only: bool) -> list[str]:
+    """A session's or a response's `output_modalities`: text alone, or audio (with its
+    transcript)."""
+    return ["text"] if text_only else ["audio"]
 
 
 def _user_item(item_id: str, content: dict[str, Any]) -> dict[str, Any]:
@@ -77,15 +83,19 @@ def user_text_item(item_id: str, text: str) -> dict[str, Any]:
     return _user_item(item_id, {"type": "input_text", "text": text})
 
 
-def assistant_item(item_id: str, transcript: str, status: str) -> dict[str, Any]:
-    """The agent's spoken reply as a conversation item."""
+def assistant_item(
+    item_id: str, transcript: str, status: str, text_only: bool = False
+) -> dict[str, Any]:
+    """The agent's reply as a conversation item: spoken (its transcript), or text alone."""
+    content = ({"type": "output_text", "text": transcript} if text_only
+               else {"type": "output_audio", "transcript": transcript})
     return {
         "id": item_id,
         "object": "realtime.item",
         "type": "message",
         "role": "assistant",
         "status": status,
-        "content": [{"type": "output_audio", "transcript": transcript}],
+        "content": [content],
     }
 
 
@@ -96,6 +106,7 @@ def response_object(
     usage: dict[str, Any] | None = None,
     reason: str | None = None,
     error: str | None = None,
+    text_only: bool = False,
 ) -> dict[str, Any]:
     """A response object; status is in_progress, completed, cancelled or failed."""
     body: dict[str, Any] = {
@@ -103,7 +114,7 @@ def response_object(
         "object": "realtime.response",
         "status": status,
         "output": output,
-        "output_modalities": ["audio"],
+        "output_modalities": modalities(text_only),
     }
     if status in ("cancelled", "failed", "incomplete"):
         details: dict[str, Any] = {"type": status}
@@ -197,11 +208,10 @@ def conversation_item_truncated(item_id: str, audio_end_ms: int) -> Event:
 # -- responses --------------------------------------------------------------------------------
 
 
-def response_created(response_id: str) -> Event:
+def response_created(response_id: str, text_only: bool = False) -> Event:
     """`response.created`: a reply began, with no output yet."""
-    return server_event(
-        "response.created", response=response_object(response_id, "in_progress", [])
-    )
+    response = response_object(response_id, "in_progress", [], text_only=text_only)
+    return server_event("response.created", response=response)
 
 
 def output_item_added(response_id: str, item: dict[str, Any]) -> Event:
@@ -219,7 +229,7 @@ def output_item_done(response_id: str, item: dict[str, Any]) -> Event:
 
 
 def _audio_content_event(event_type: str, response_id: str, item_id: str, **fields: Any) -> Event:
-    """An event about the audio content of the reply's one output item."""
+    """An event about the content (audio, or text alone) of the reply's one output item."""
     return server_event(
         event_type,
         response_id=response_id,
@@ -242,6 +252,23 @@ def output_audio_transcript_done(response_id: str, item_id: str, transcript: str
     return _audio_content_event(
         "response.output_audio_transcript.done", response_id, item_id, transcript=transcript
     )
+
+
+def output_audio_delta(response_id: str, item_id: str, audio: str) -> Event:
+    """`response.output_audio.delta`: more of the reply's audio, base64 pcm16 24 kHz mono
+    (WebSocket calls; a WebRTC call hears it on its track instead)."""
+    return _audio_content_event("response.output_audio.delta", response_id, item_id,
+                                delta=audio)
+
+
+def output_text_delta(response_id: str, item_id: str, delta: str) -> Event:
+    """`response.output_text.delta`: more of a text-only reply."""
+    return _audio_content_event("response.output_text.delta", response_id, item_id, delta=delta)
+
+
+def output_text_done(response_id: str, item_id: str, text: str) -> Event:
+    """`response.output_text.done`: a text-only reply's whole text."""
+    return _audio_content_event("response.output_text.done", response_id, item_id, text=text)
 
 
 def output_audio_done(response_id: str, item_id: str) -> Event:

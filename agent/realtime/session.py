@@ -1,5 +1,6 @@
-"""The conversation on one call: VAD turns drive the pipeline, replies stream into the call,
-and the caller can cut the agent off (barge-in) at any moment."""
+"""The conversation on one call: VAD turns (or the client's commits) drive the pipeline, replies
+stream into the call, whatever carries it (realtime/transport.py), and the caller can cut the
+agent off (barge-in) at any moment."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError
@@ -16,30 +17,26 @@ from agent.config import ConversationSettings
 from agent.ops.logs import context as log_context
 from agent.realtime.client_events import ClientEvents
 from agent.realtime.history import Conversation
+from agent.realtime.playback import Playback
 from agent.realtime.reply import Reply, State, done_events
 from agent.realtime.server_events import (
     assistant_item,
     conversation_item_created,
-    conversation_item_truncated,
     input_audio_buffer_committed,
     input_audio_transcription_completed,
     new_id,
-    output_audio_buffer_cleared,
-    output_audio_buffer_started,
-    output_audio_buffer_stopped,
     output_audio_transcript_delta,
     output_item_added,
+    output_text_delta,
     response_created,
     session_object,
     usage_object,
     user_audio_item,
 )
 from agent.realtime.session_config import SessionConfig
+from agent.realtime.transport import CallTransport
 from media.vad import SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
-
-if TYPE_CHECKING:
-    from agent.calls.call import Call
 
 log = logging.getLogger(__name__)
 BARGE_IN_POLL_S = 0.02  # one VAD frame
@@ -50,7 +47,7 @@ TRACK_END_GRACE_S = 2.0  # for the peer connection's own close to end the call f
 class Session:
     """Handler of one call's speech and client events (see agent.calls.call.CallHandler)."""
 
-    def __init__(self, call: Call, pipeline: Any, settings: ConversationSettings) -> None:
+    def __init__(self, call: CallTransport, pipeline: Any, settings: ConversationSettings) -> None:
         self.call = call
         self.pipeline = pipeline
         self.settings = settings.model_copy()
@@ -60,11 +57,10 @@ class Session:
         self._last_reply: Reply | None = None
         self._barge_in_watch: asyncio.Task[None] | None = None
         self._turns = 0
-        self._flushing = False
         # The caller's committed utterances that no reply has heard yet (audio, not history).
         self._unanswered: deque[tuple[str, np.ndarray]] = deque(maxlen=UNANSWERED_MAX)
         self.client_events = ClientEvents(self)
-        call.outbound.on_playing_changed = self._on_playing_changed
+        self.playback = Playback(self)
 
     def session_object(self) -> dict[str, Any]:
         return session_object(
@@ -79,6 +75,7 @@ class Session:
         """Run with `config` from now on (a `session.update` already checked)."""
         self.settings = config.conversation
         self.conversation.instructions = config.conversation.instructions
+        self.call.server_vad = config.conversation.server_vad
         if config.vad != self.call.vad.config:
             self.call.vad.reconfigure(config.vad)
 
@@ -119,6 +116,14 @@ class Session:
                 self._barge_in_watch = asyncio.ensure_future(self._watch_barge_in(reply))
 
     def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None:
+        watch = self._barge_in_watch
+        if (watch is not None and not watch.done() and self.audible_reply() is not None
+                and event.audio_end_ms - event.audio_start_ms >= self.settings.barge_in_min_ms):
+            # Over before the watch saw it last long enough (audio sent faster than real time,
+            # as a WebSocket client may): it barges in all the same.
+            watch.cancel()
+            self.call.metrics.barge_ins.inc()
+            self.interrupt("turn_detected")
         if self.audible_reply() is not None:
             # Too short to barge in (or barge-in is off): not a turn of its own.
             log.info(
@@ -127,11 +132,16 @@ class Session:
                 event.audio_end_ms - event.audio_start_ms,
             )
             return
+        self.commit(item_id, event.pcm)
+
+    def commit(self, item_id: str, pcm: np.ndarray) -> None:
+        """The caller's utterance `pcm` (16 kHz) becomes a conversation item, answered now
+        when the session creates responses itself."""
         self.call.send_event(input_audio_buffer_committed(item_id))
         self.conversation.add(item_id, "user", "")
         self.call.send_event(conversation_item_created(user_audio_item(item_id, None)))
-        self._unanswered.append((item_id, event.pcm))
-        if self.settings.create_response:
+        self._unanswered.append((item_id, pcm))
+        if self.settings.create_response and self.settings.server_vad:  # else: response.create
             self.start_reply()
 
     def _in_echo_guard(self, reply: Reply) -> bool:
@@ -160,7 +170,7 @@ class Session:
         reply = self.audible_reply()
         if reply is None:
             return False
-        self._silence(reply, audio_end_ms)
+        self.playback.silence(reply, audio_end_ms)
         item = self.conversation.get(reply.item_id)
         if item is not None:
             item.text = self.heard(reply)
@@ -173,9 +183,10 @@ class Session:
 
     # -- replies --------------------------------------------------------------------------
 
-    def start_reply(self) -> Reply:
+    def start_reply(self, text_only: bool | None = None) -> Reply:
         """Start a response to the conversation so far, hearing the caller's committed
-        utterances that no reply has heard yet."""
+        utterances that no reply has heard yet; in text alone if asked (else as the session
+        says)."""
         audio, user_item_id = self._take_unanswered()
         self._turns += 1
         reply = Reply(
@@ -183,6 +194,7 @@ class Session:
             item_id=new_id("item"),
             turn_id=f"{self.call.id}-turn{self._turns}",
             user_item_id=user_item_id,
+            text_only=self.settings.text_only if text_only is None else text_only,
             started_at=asyncio.get_running_loop().time(),
         )
         self.reply = reply
@@ -196,8 +208,8 @@ class Session:
             max_tokens=self.settings.max_reply_tokens,
             voice=self.settings.voice,
         )
-        item = assistant_item(reply.item_id, "", "in_progress")
-        self.call.send_event(response_created(reply.response_id))
+        item = assistant_item(reply.item_id, "", "in_progress", reply.text_only)
+        self.call.send_event(response_created(reply.response_id, reply.text_only))
         self.call.send_event(output_item_added(reply.response_id, item))
         self.call.send_event(conversation_item_created(item))
         with log_context(turn_id=reply.turn_id):  # the reply's tasks log as its turn's
@@ -241,10 +253,9 @@ class Session:
     async def _on_pipeline_event(self, reply: Reply, event: Any) -> None:
         if isinstance(event, TextDelta):
             reply.text += event.text
-            self.call.send_event(
-                output_audio_transcript_delta(reply.response_id, reply.item_id, event.text)
-            )
-        elif isinstance(event, AudioChunk):
+            delta = output_text_delta if reply.text_only else output_audio_transcript_delta
+            self.call.send_event(delta(reply.response_id, reply.item_id, event.text))
+        elif isinstance(event, AudioChunk) and not reply.text_only:
             await self._play(reply, event)
         elif isinstance(event, Transcript):
             self._user_transcript(reply, event.text)
@@ -269,7 +280,7 @@ class Session:
             )
         duration_ms = len(chunk.pcm) * 1000 // chunk.sample_rate
         reply.spoken.add_chunk(duration_ms, chunk.text_start, chunk.text_end)
-        await outbound.write(chunk.pcm, chunk.sample_rate)
+        await self.call.play(reply.response_id, reply.item_id, chunk.pcm, chunk.sample_rate)
 
     def _user_transcript(self, reply: Reply, text: str) -> None:
         if reply.user_item_id is None:
@@ -309,7 +320,7 @@ class Session:
             self.reply = None
             self.state = State.SPEAKING if self.call.outbound.playing else State.LISTENING
         if status == "completed" and not self.call.outbound.playing:
-            self._audio_stopped(reply)
+            self.playback.stopped(reply)
 
     def cancel_reply(
         self, reason: str = "client_cancelled", audio_end_ms: int | None = None
@@ -322,7 +333,7 @@ class Session:
             return False
         self.reply = None
         self.state = State.LISTENING
-        self._silence(reply, audio_end_ms)
+        self.playback.silence(reply, audio_end_ms)
         self.call.metrics.cancels.labels(reason).inc()
         with log_context(turn_id=reply.turn_id):
             self.call.spawn(self._abort(reply, reason))
@@ -335,50 +346,6 @@ class Session:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reply.task
         self._finish(reply, "cancelled", reason=reason, text=self.heard(reply))
-
-    def _silence(self, reply: Reply, audio_end_ms: int | None = None) -> None:
-        """Flush the outbound track and report what the caller heard of `reply` (or, when the
-        client says so, its first `audio_end_ms`); from now on that is all it heard."""
-        outbound = self.call.outbound
-        self._flushing = True  # the flush's playing->False is a clear, not a stop
-        try:
-            outbound.flush()
-        finally:
-            self._flushing = False
-        played = reply.played_ms(outbound.played_ms) if audio_end_ms is None else audio_end_ms
-        reply.cut_ms = played
-        if reply.audio_base_ms is None:
-            return
-        if reply.audio_state == "started":
-            reply.audio_state = "cleared"
-            self.call.send_event(output_audio_buffer_cleared(reply.response_id))
-        self.call.send_event(conversation_item_truncated(reply.item_id, played))
-
-    def _on_playing_changed(self, playing: bool) -> None:
-        """Turn the track's playing/idle edges into one started and one stopped per reply; an
-        idle edge while the reply is still generating is an underrun, not the end."""
-        reply = self.reply or self._last_reply
-        if reply is None or self._flushing:
-            return
-        if playing and reply.audio_state == "idle":
-            reply.audio_state = "started"
-            reply.first_frame_at = asyncio.get_running_loop().time()
-            self.call.send_event(output_audio_buffer_started(reply.response_id))
-        elif not playing and reply.finished:
-            self._audio_stopped(reply)
-        elif not playing:
-            reply.underruns += 1
-            log.debug(
-                "call %s: underrun %d in %s", self.call.id, reply.underruns, reply.response_id
-            )
-
-    def _audio_stopped(self, reply: Reply) -> None:
-        if reply.audio_state != "started":
-            return
-        reply.audio_state = "stopped"
-        self.call.send_event(output_audio_buffer_stopped(reply.response_id))
-        if self.reply is None:
-            self.state = State.LISTENING
 
     async def aclose(self) -> None:
         if self._barge_in_watch is not None:

@@ -38,7 +38,8 @@ def configure(update: Any, current: SessionConfig) -> SessionConfig:
     `RealtimeSessionCreateRequest` shape); SessionConfigError naming the first value refused."""
     conversation = current.conversation.model_copy()
     audio = getattr(update, "audio", None)
-    detection = getattr(getattr(audio, "input", None), "turn_detection", None)
+    audio_in = getattr(audio, "input", None)
+    detection = getattr(audio_in, "turn_detection", None)
     max_tokens = getattr(update, "max_output_tokens", None)
     if max_tokens is not None:
         if max_tokens != "inf" and not 1 <= max_tokens <= MAX_REPLY_TOKENS:
@@ -49,14 +50,27 @@ def configure(update: Any, current: SessionConfig) -> SessionConfig:
     output = getattr(audio, "output", None) if audio else None
     if output is not None and output.voice is not None:
         conversation.voice = getattr(output.voice, "id", output.voice)  # a custom voice
+    output_modalities = getattr(update, "output_modalities", None)
+    if output_modalities is not None:
+        conversation.text_only = text_only(output_modalities)
     vad = current.vad
+    if detection is None and "turn_detection" in getattr(audio_in, "model_fields_set", ()):
+        conversation.server_vad = False  # `turn_detection: null`: the client commits turns
     if detection is not None:
+        conversation.server_vad = True
         vad = _vad(detection, vad)
         if detection.interrupt_response is not None:
             conversation.barge_in = detection.interrupt_response
         if detection.create_response is not None:
             conversation.create_response = detection.create_response
     return SessionConfig(conversation, vad)
+
+
+def text_only(output_modalities: list[str]) -> bool:
+    """Whether `output_modalities` asks for text alone; SessionConfigError if for nothing."""
+    if not output_modalities:
+        raise SessionConfigError("output_modalities must name 'audio' or 'text'")
+    return "audio" not in output_modalities
 
 
 def _vad(detection: Any, current: VadConfig) -> VadConfig:

@@ -1,0 +1,295 @@
+"""What every call has, whatever carries it (WebRTC in call.py, a WebSocket in
+websocket_call.py): its id and settings, the caller's audio through the VAD (or, with server VAD
+off, into a bounded buffer the client commits), client events handed to the call's handler under
+a rate limit, the call's duration and idle limits, and its end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from agent.calls.limits import TokenBucket
+from agent.config import Settings
+from agent.ops import logs
+from agent.ops.metrics import Metrics
+from agent.ops.records import CallRecords
+from agent.realtime.events import ClientEventError, parse_client_event
+from agent.realtime.server_events import (
+    error_event,
+    new_id,
+    session_object,
+    speech_started,
+    speech_stopped,
+)
+from agent.realtime.transport import AudioOut
+from media.audio_format import FRAME_MS
+from media.vad import SpeechStarted, SpeechStopped, VadSegmenter
+
+log = logging.getLogger(__name__)
+
+FINAL_EVENT_WAIT_S = 2.0  # how long a call ended by the server waits for its last event to land
+# `rate_limit_exceeded` errors are themselves rate-limited, so a flood cannot make the server
+# queue one outgoing event per dropped message: a few at once, then one a second.
+REFUSALS_PER_S = 1.0
+REFUSALS_BURST = 5
+
+
+class CallHandler(Protocol):
+    """What a call hands the caller's speech and client events to."""
+
+    def on_speech_started(self, event: SpeechStarted, item_id: str) -> None: ...
+
+    def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None: ...
+
+    def on_client_event(self, event: Any) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Observer(Protocol):
+    """A sideband socket on the call (agent/calls/sideband.py): sees every server event."""
+
+    def send(self, text: str) -> bool: ...
+
+    async def close(self, code: int) -> None: ...
+
+
+class CallBase:
+    """A caller connected by some transport; subclasses carry its audio and events."""
+
+    outbound: AudioOut
+    id_prefix = "call"
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_ended: Callable[[Any], None],
+        records: CallRecords | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.id = new_id(self.id_prefix)
+        self.settings = settings
+        self.max_message_bytes = settings.max_event_bytes
+        # The conversation's settings at the start: the server's, or the offer's session.
+        self.conversation = settings.conversation
+        self.vad = VadSegmenter(settings.vad)
+        self.server_vad = settings.conversation.server_vad  # off: the client commits its turns
+        self.handler: CallHandler | None = None
+        self.observers: set[Observer] = set()
+        self._input: deque[np.ndarray] = deque()  # 20 ms frames since the last commit (no VAD)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._speech_item: str | None = None
+        self._on_ended = on_ended
+        self._closed = False
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.records = records or CallRecords(None)  # where the call and its turns are kept
+        self.started_at = time.monotonic()
+        self._last_activity = self.started_at
+        self._events_bucket = TokenBucket(settings.max_events_per_s, settings.max_event_burst)
+        self._refusals = TokenBucket(REFUSALS_PER_S, REFUSALS_BURST)
+        self._dropped = 0  # messages dropped since the last rate_limit_exceeded error
+
+    # -- events to the caller -------------------------------------------------------------
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        """Send a server event to the caller, and a copy to every observer of the call."""
+        text = json.dumps(event, separators=(",", ":"))
+        for observer in list(self.observers):
+            if not observer.send(text):  # an observer that does not read is let go
+                self.observers.discard(observer)
+                log.info("call %s: a sideband observer stopped reading; closed", self.id)
+                self.spawn(observer.close(1008))
+        self.deliver(text)
+
+    def deliver(self, text: str) -> None:
+        """Send one server event, as JSON text, over the call's own transport."""
+        raise NotImplementedError
+
+    def session_object(self) -> dict[str, Any]:
+        """The session as `session.created` describes it (the handler's view when it has one)."""
+        describe = getattr(self.handler, "session_object", None)
+        if describe is not None:
+            return describe()  # type: ignore[no-any-return]
+        return session_object(
+            self.id, self.settings.profile, self.conversation, self.vad.config
+        )
+
+    # -- caller audio ---------------------------------------------------------------------
+
+    def on_audio_frame(self, frame: np.ndarray) -> None:
+        """One 20 ms frame of the caller's 16 kHz audio: to the VAD, or into the input buffer
+        the client commits when server VAD is off (the newest max_utterance_ms kept)."""
+        if not self.server_vad:
+            self._input.append(frame.copy())
+            while len(self._input) * FRAME_MS > self.vad.config.max_utterance_ms:
+                self._input.popleft()
+            return
+        events = self.vad.push(frame)
+        if events or self.vad.in_speech or self.outbound.playing:
+            self._last_activity = time.monotonic()
+        for event in events:
+            if isinstance(event, SpeechStarted):
+                self._speech_item = new_id("item")
+                self.send_event(speech_started(self._speech_item, event.audio_start_ms))
+                if self.handler:
+                    self.handler.on_speech_started(event, self._speech_item)
+            else:
+                if event.capped:
+                    log.info("call %s: utterance cut at the %d ms cap", self.id,
+                             self.vad.config.max_utterance_ms)
+                item_id = self._speech_item or new_id("item")
+                self._speech_item = None
+                self.send_event(speech_stopped(item_id, event.audio_end_ms))
+                if self.handler:
+                    self.handler.on_speech_stopped(event, item_id)
+
+    def take_input(self) -> np.ndarray | None:
+        """The caller's audio since the last commit or clear (server VAD off), then none."""
+        if not self._input:
+            return None
+        pcm = np.concatenate(list(self._input))
+        self._input.clear()
+        self._last_activity = time.monotonic()
+        return pcm
+
+    def clear_input(self) -> None:
+        self._input.clear()
+        self.vad.clear()
+
+    # -- client events --------------------------------------------------------------------
+
+    def on_message(self, message: str | bytes) -> None:
+        """A client message: counted against the call's rate, parsed, then handled."""
+        self._last_activity = time.monotonic()
+        if not self._events_bucket.take():
+            self.refuse_excess()
+            return
+        event = self.parse(message)
+        if event is not None:
+            self.handle(event)
+
+    def parse(self, message: str | bytes) -> Any:
+        """The client event in `message`, or None once the caller was told what is wrong."""
+        try:
+            return parse_client_event(message, self.max_message_bytes)
+        except ClientEventError as exc:
+            self.send_event(exc.to_event())
+        except Exception:  # a parser bug: this message is lost, never the call
+            log.exception("call %s: a client message could not be parsed", self.id)
+            self.send_event(error_event("the event could not be read", code="server_error",
+                                        error_type="server_error"))
+        return None
+
+    def handle(self, event: Any) -> None:
+        if self.handler is None:
+            return
+        try:
+            self.handler.on_client_event(event)
+        except Exception:  # a handler bug must cost the caller this event, not the call
+            log.exception("call %s: handling %s failed", self.id, event.type)
+            self.send_event(
+                error_event(
+                    f"{event.type} could not be handled",
+                    code="server_error",
+                    error_type="server_error",
+                    event_id=getattr(event, "event_id", None),
+                )
+            )
+
+    def refuse_excess(self) -> None:
+        """Drop a message over the call's rate, unread; say so while the refusals' own budget
+        lasts (the count of silently dropped ones goes into the next error)."""
+        self._dropped += 1
+        if not self._refusals.take():
+            return
+        rate, burst = self.settings.max_events_per_s, self.settings.max_event_burst
+        log.info("call %s: over %g events/s, %d dropped", self.id, rate, self._dropped)
+        self.send_event(
+            error_event(
+                f"too many client events: at most {rate:g}/s (bursts of {burst}); "
+                f"{self._dropped} dropped unread",
+                code="rate_limit_exceeded",
+            )
+        )
+        self._dropped = 0
+
+    # -- limits ---------------------------------------------------------------------------
+
+    async def watch_limits(self) -> None:
+        """End the call at its maximum duration, or once nothing has happened on it (no caller
+        speech, no message, no agent audio) for the idle timeout."""
+        max_call_s, idle_s = self.settings.max_call_s, self.settings.idle_timeout_s
+        ends_at = self.started_at + max_call_s
+        while not self._closed:
+            now = time.monotonic()
+            if self.outbound.playing or self.outbound.queued_ms > 0:
+                self._last_activity = now  # the caller is listening to the agent
+            if now >= ends_at:
+                await self.end("call_duration_exceeded",
+                               f"the call reached its maximum duration of {max_call_s:g} s")
+                return
+            if now >= self._last_activity + idle_s:
+                await self.end("idle_timeout",
+                               f"nothing was said or sent on the call for {idle_s:g} s")
+                return
+            await asyncio.sleep(min(ends_at, self._last_activity + idle_s) - now)
+
+    async def end(self, code: str, message: str) -> None:
+        """Hang up from the server's side: a final `error` event saying why, a short wait for
+        it to reach the caller, then close."""
+        if self._closed:
+            return
+        log.info("call %s: ending (%s): %s", self.id, code, message)
+        self.send_event(error_event(message, code=code))
+        await self.wait_events_sent(FINAL_EVENT_WAIT_S)
+        await self.close(code)
+
+    async def wait_events_sent(self, timeout_s: float) -> None:
+        """Wait (bounded) until the events sent so far have left."""
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def spawn(self, coro: Any) -> None:
+        """Run `coro` as a task that ends with the call."""
+        with logs.context(call_id=self.id):  # whoever starts it, it logs as the call's
+            task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self, reason: str = "hangup") -> None:
+        """Hang up: stop the call's tasks and its handler, then its transport; `reason` goes
+        into the call's record."""
+        if self._closed:
+            return
+        self._closed = True
+        logs.bind_call(self.id)  # a hang-up request, say, logs the rest as the call's
+        self.metrics.call_ended(reason)
+        self._on_ended(self)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        if self.handler:
+            with contextlib.suppress(Exception):
+                await self.handler.aclose()
+        self.records.call_ended(self.id, reason)
+        for observer in list(self.observers):
+            await observer.close(1000)
+        await self.close_transport()
+        log.info("call %s ended (%s) after %.1f s", self.id, reason,
+                 time.monotonic() - self.started_at)
+
+    async def close_transport(self) -> None:
+        """Release what carries the call (its peer connection, its socket)."""

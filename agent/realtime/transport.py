@@ -1,0 +1,67 @@
+"""What a conversation session needs of the call it runs on, whatever carries the call: a
+WebRTC peer connection (agent/calls/call.py) or a WebSocket (agent/calls/websocket_call.py).
+The session never touches the media itself: it plays audio and sends events through this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+import numpy as np
+
+from agent.config import ConversationSettings, Settings
+from agent.ops.metrics import Metrics
+from agent.ops.records import CallRecords
+from media.vad import VadSegmenter
+
+
+class AudioOut(Protocol):
+    """The agent's audio towards the caller, as far as the session follows it."""
+
+    on_playing_changed: Callable[[bool], None] | None
+
+    @property
+    def played_ms(self) -> int:
+        """Agent audio the caller has had played so far (on the call's clock)."""
+        ...
+
+    @property
+    def queued_ms(self) -> int:
+        """Agent audio written and not yet played."""
+        ...
+
+    @property
+    def playing(self) -> bool: ...
+
+    def flush(self) -> int:
+        """Drop what is queued (barge-in); the ms dropped."""
+        ...
+
+
+class CallTransport(Protocol):
+    """One call as its session sees it."""
+
+    id: str
+    settings: Settings
+    conversation: ConversationSettings
+    vad: VadSegmenter
+    server_vad: bool  # the VAD ends the caller's turns; off: the client commits them
+    outbound: AudioOut
+    metrics: Metrics
+    records: CallRecords
+
+    def send_event(self, event: dict[str, Any]) -> None: ...
+
+    async def play(self, response_id: str, item_id: str, pcm: np.ndarray, rate: int) -> None:
+        """Queue one chunk of a reply's audio; waits while the call holds as much as it may."""
+        ...
+
+    def take_input(self) -> np.ndarray | None:
+        """The caller's audio appended since the last commit (no server VAD), 16 kHz."""
+        ...
+
+    def clear_input(self) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    async def end(self, code: str, message: str) -> None: ...
