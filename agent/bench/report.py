@@ -10,7 +10,7 @@ from agent.bench.transport import FLAT_FROM, print_table, size_cost_ms
 
 SHM_TARGET_RATIO = 20.0  # at 1 MiB
 CASCADE_TARGET_RATIO = 3.0
-FLAT_SHARE = 0.25  # of the product path at FLAT_FROM: what the size may cost on it
+FLAT_SHARE = 0.25  # of the product path from FLAT_FROM up: what the size may cost on it
 
 
 def verdict(met: bool) -> str:
@@ -27,9 +27,10 @@ def print_pipeline_report(result: dict[str, Any]) -> None:
         print(f"  target: the product path >= {SHM_TARGET_RATIO:.0f}x pickling at 1 MiB: "
               f"{ratio:.1f}x ({verdict(ratio >= SHM_TARGET_RATIO)})")
     if cost := size_cost_ms(result["shm_vs_pickle"]):
-        # Judged on what size costs (the path less its control), within a share of the path.
-        bound = FLAT_SHARE * next(r["shm_inplace_s"] for r in result["shm_vs_pickle"]
-                                  if r["bytes"] >= FLAT_FROM) * 1e3
+        # Judged on what size costs (the path less its control), within a share of the path
+        # at its quickest (a noisy size widens no bound).
+        bound = FLAT_SHARE * min(r["shm_inplace_s"] for r in result["shm_vs_pickle"]
+                                 if r["bytes"] >= FLAT_FROM) * 1e3
         print(f"  target: flat from {FLAT_FROM >> 10} KiB up, the size's own cost within "
               f"+-{bound:.3f} ms: {cost[0]:+.3f} to {cost[1]:+.3f} ms "
               f"({verdict(max(map(abs, cost)) <= bound)})")
