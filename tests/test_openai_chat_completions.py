@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from agent.api.chat_completions import ENGINE
+from pipeline.events import AudioChunk, Turn, TurnDone
 from tests.served import Served
 
 pytestmark = pytest.mark.engines
@@ -196,22 +197,30 @@ async def engine_requests(served: Served) -> list[str]:
     return (await served.app.state.pipeline.active_requests())[ENGINE].engine_ids
 
 
+LONG: dict[str, Any] = {"model": "tiny", "messages": USER, "max_completion_tokens": 900,
+                        "stream": True}  # about as long as the tiny Thinker's context allows
+
+
+async def generating(client: openai.AsyncOpenAI, count: int) -> tuple[list[Any], set[str]]:
+    """`count` long streamed completions, each generating (its first content has come)."""
+    streams = [await client.chat.completions.create(**LONG) for _ in range(count)]
+    ids = set()
+    for stream in streams:
+        async for chunk in stream:
+            ids.add(chunk.id)
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+    return streams, ids
+
+
 async def test_completions_beyond_the_bound_get_429_and_a_gone_client_aborts(
     tiny_server: Served
 ) -> None:
     _, client = clients(tiny_server)
     limit = tiny_server.app.state.settings.max_completions_in_flight
-    ask: dict[str, Any] = {"model": "tiny", "messages": USER, "max_completion_tokens": 900,
-                           "stream": True}
-    streams = [await client.chat.completions.create(**ask) for _ in range(limit)]
-    ids = set()
-    for stream in streams:  # each one is generating: its first content has come
-        async for chunk in stream:
-            ids.add(chunk.id)
-            if chunk.choices and chunk.choices[0].delta.content:
-                break
+    streams, ids = await generating(client, limit)
     with pytest.raises(openai.RateLimitError) as refused:
-        await client.chat.completions.create(**ask)
+        await client.chat.completions.create(**LONG)
     assert refused.value.response.headers["retry-after"] == "1"
     assert refused.value.body["code"] == "too_many_requests"
     held = [rid for rid in await engine_requests(tiny_server) if rid.split("/")[1] in ids]
@@ -228,7 +237,7 @@ async def test_completions_beyond_the_bound_get_429_and_a_gone_client_aborts(
             break
         await asyncio.sleep(0.02)
     assert tiny_server.app.state.completion_slots.held(ENGINE) == 0
-    again = await client.chat.completions.create(**{**ask, "stream": False,
+    again = await client.chat.completions.create(**{**LONG, "stream": False,
                                                     "max_completion_tokens": 2})
     assert again.usage.completion_tokens == 2  # room again once they were gone
 
@@ -288,3 +297,26 @@ async def test_a_client_gone_before_its_whole_answer_aborts_the_request(
         await asyncio.sleep(0.02)
     assert tiny_server.app.state.completion_slots.held(ENGINE) == 0
     assert not any(rid.startswith("completions/") for rid in await engine_requests(tiny_server))
+
+
+async def test_a_calls_turn_is_answered_beside_a_burst_of_completions(
+    tiny_server: Served
+) -> None:
+    """The completions share the engines with the calls: a turn started while the bound's worth
+    of them generate (and more are refused) gets its whole reply, text and audio, while they
+    are still generating."""
+    _, client = clients(tiny_server)
+    limit = tiny_server.app.state.settings.max_completions_in_flight
+    streams, ids = await generating(client, limit)
+    try:
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(**LONG)
+        turn = Turn("beside-completions", USER, max_tokens=16, call_id="test-call")
+        events = [event async for event in tiny_server.app.state.pipeline.respond(turn)]
+        assert isinstance(events[-1], TurnDone), events[-1]
+        assert any(isinstance(event, AudioChunk) for event in events)
+        held = [rid for rid in await engine_requests(tiny_server) if rid.split("/")[1] in ids]
+        assert len(held) == limit  # they were generating all along
+    finally:
+        for stream in streams:
+            await stream.close()
