@@ -14,11 +14,13 @@ from typing import Any
 
 import numpy as np
 from aiortc import MediaStreamTrack, RTCDataChannel
+from aiortc.mediastreams import MediaStreamError
 
 from agent.calls.call_base import CallBase, CallHandler
 from agent.config import Settings
 from agent.realtime.server_events import session_created
 from agent.realtime.session_config import SessionConfig, configure
+from agent.realtime.transport import AudioOutEnded
 from media.encoded_audio import EncodedAudioTrack
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
@@ -98,7 +100,12 @@ class Call(CallBase):
     async def play(self, response_id: str, item_id: str, pcm: np.ndarray, rate: int) -> None:
         """A reply's audio goes out on the outbound track, paced (the ids travel on no
         event: the caller hears the audio)."""
-        await self.outbound.write(pcm, rate)
+        try:
+            await self.outbound.write(pcm, rate)
+        except MediaStreamError as exc:
+            # aiortc stops the track when the peer connection's transport closes, which can
+            # come before the connection's state change reaches the call.
+            raise AudioOutEnded from exc
 
     # -- peer connection callbacks --------------------------------------------------------
 

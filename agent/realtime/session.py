@@ -11,7 +11,6 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-from aiortc.mediastreams import MediaStreamError
 
 from agent.config import ConversationSettings
 from agent.ops.logs import context as log_context
@@ -34,7 +33,7 @@ from agent.realtime.server_events import (
     user_audio_item,
 )
 from agent.realtime.session_config import SessionConfig
-from agent.realtime.transport import CallTransport
+from agent.realtime.transport import AudioOutEnded, CallTransport
 from media.vad import SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 
@@ -234,21 +233,20 @@ class Session:
                 await self._on_pipeline_event(reply, event)
         except asyncio.CancelledError:
             raise
-        except MediaStreamError:
-            # aiortc stops the outbound track when the peer connection's transport closes,
-            # which can come before the call hears of it: the caller is gone, so the call's
-            # close (aclose) records this reply as cut by the call's end and aborts its turn.
-            log.info("call %s: the outbound track ended mid-reply", self.call.id)
+        except AudioOutEnded:
+            # The connection closed before the call heard of it: the caller is gone, so the
+            # call's close (aclose) records this reply as cut by the call's end and aborts it.
+            log.info("call %s: the outgoing audio ended mid-reply", self.call.id)
             self.call.spawn(self._end_call_without_track())
         except Exception as exc:  # the pipeline's own failures arrive as TurnFailed
             log.exception("call %s: reply %s broke", self.call.id, reply.response_id)
             self._finish(reply, "failed", error=str(exc))
 
     async def _end_call_without_track(self) -> None:
-        """End the call if its own close does not come soon: a track that aiortc stopped for
-        any other reason leaves a call that can no longer speak. (Closing cancels this task.)"""
+        """End the call if its own close does not come soon: audio that stopped for any other
+        reason leaves a call that can no longer speak. (Closing cancels this task.)"""
         await asyncio.sleep(TRACK_END_GRACE_S)
-        await self.call.end("media_failed", "the call's outgoing audio track ended")
+        await self.call.end("media_failed", "the call's outgoing audio ended")
 
     async def _on_pipeline_event(self, reply: Reply, event: Any) -> None:
         if isinstance(event, TextDelta):

@@ -15,6 +15,10 @@ from agent.ops.records import CallRecords
 from media.vad import VadSegmenter
 
 
+class AudioOutEnded(Exception):
+    """The call's outgoing audio stopped under the session: its connection is going away."""
+
+
 class AudioOut(Protocol):
     """The agent's audio towards the caller, as far as the session follows it."""
 
@@ -53,7 +57,8 @@ class CallTransport(Protocol):
     def send_event(self, event: dict[str, Any]) -> None: ...
 
     async def play(self, response_id: str, item_id: str, pcm: np.ndarray, rate: int) -> None:
-        """Queue one chunk of a reply's audio; waits while the call holds as much as it may."""
+        """Queue one chunk of a reply's audio; waits while the call holds as much as it may.
+        Raises AudioOutEnded when the call can no longer play anything."""
         ...
 
     def take_input(self) -> np.ndarray | None:
