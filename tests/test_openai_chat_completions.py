@@ -171,6 +171,14 @@ async def test_unknown_model_is_a_404(tiny_server: Served) -> None:
     ({"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strng"}}}}}},
      "response_format"),
+    # String length bounds, which xgrammar lets control characters through (invalid JSON);
+    # a property named like the keyword is a name, not the keyword
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"maxLength": {"type": "string", "maxLength": 8}}}}}},
+     "response_format.json_schema.schema.properties.maxLength.maxLength"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "minLength": 1}}}}}]},
+     "tools[0].function.parameters.properties.q.minLength"),
 ])
 async def test_a_bad_request_is_a_400_naming_the_field(
     tiny_server: Served, ask: dict[str, Any], param: str

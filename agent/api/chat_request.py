@@ -19,6 +19,7 @@ from agent.api.chat_tools import (
     call_as_text,
     tools_prompt,
 )
+from agent.api.guided_schema import REFUSAL, unsafe_keyword
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's own bound
 # No max_completion_tokens: the reply may take whatever the prompt leaves of the context.
@@ -149,6 +150,19 @@ class ChatCompletionRequest(BaseModel):
     def _options_with_stream(self) -> ChatCompletionRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only with stream=true")
+        return self
+
+    @model_validator(mode="after")
+    def _schemas_guided_exactly(self) -> ChatCompletionRequest:
+        schemas = [(f"tools[{i}].function.parameters", tool.function.parameters)
+                   for i, tool in enumerate(self.tools or [])]
+        if self.response_format and self.response_format.json_schema:
+            schemas.append(("response_format.json_schema.schema",
+                            self.response_format.json_schema.schema_))
+        for field, schema in schemas:
+            found = unsafe_keyword(schema)
+            if found is not None:
+                raise BadRequest(REFUSAL, f"{field}.{found}")
         return self
 
     @model_validator(mode="after")
