@@ -206,6 +206,7 @@ class Session:
             audio=audio,
             max_tokens=self.settings.max_reply_tokens,
             voice=self.settings.voice,
+            speak=not reply.text_only,
         )
         item = assistant_item(reply.item_id, "", "in_progress", reply.text_only)
         self.call.send_event(response_created(reply.response_id, reply.text_only))
@@ -314,10 +315,13 @@ class Session:
         # A cancelled reply finishes after its aborts: by then a newer one may have ended.
         if self._last_reply is None or self._last_reply.started_at <= reply.started_at:
             self._last_reply = reply
+        # Queued audio is still to be heard: after an underrun (the cascade behind playback) the
+        # track is idle with the last chunk just queued; the idle edge at its end says stopped.
+        audible = self.call.outbound.playing or self.call.outbound.queued_ms > 0
         if self.reply is reply:
             self.reply = None
-            self.state = State.SPEAKING if self.call.outbound.playing else State.LISTENING
-        if status == "completed" and not self.call.outbound.playing:
+            self.state = State.SPEAKING if audible else State.LISTENING
+        if status == "completed" and not audible:
             self.playback.stopped(reply)
 
     def cancel_reply(
