@@ -21,6 +21,7 @@ class Turn:
     voice: str = "default"
     call_id: str = "call"  # first part of every request id: call/turn/stage/chunk
     response_format: dict[str, Any] | None = None  # JSON schema: guided decoding, never dropped
+    speak: bool = True  # False: the reply in text alone (no Talker, no VoiceBox, no audio)
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,9 @@ class TurnRun:
         chunks: Channel[Chunk] = Channel(_CHANNEL_SIZE if overlap else 0)
         groups: Channel[Group] = Channel(_CHANNEL_SIZE if overlap else 0)
         try:
-            if overlap:
+            if not self.turn.speak:
+                await self._think(None)
+            elif overlap:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(self._think(chunks))
                     tasks.create_task(self._talk(chunks, groups))
@@ -173,8 +175,9 @@ class TurnRun:
         self._usage["elapsed_s"] = time.monotonic() - self._t0
         await self._emit(TurnDone(self.turn.turn_id, "".join(self._reply), self._usage))
 
-    async def _think(self, chunks: Channel[Chunk]) -> None:
-        """Stream the Thinker's reply to the agent and cut it into chunks for the Talker."""
+    async def _think(self, chunks: Channel[Chunk] | None) -> None:
+        """Stream the Thinker's reply to the agent and cut it into chunks for the Talker (when
+        the turn is spoken: `chunks`)."""
         turn, cascade = self.turn, self.settings.cascade
         chunker = ClauseChunker(cascade.first_chunk_chars, cascade.min_chunk_chars,
                                 cascade.max_chunk_chars, cascade.chunk_growth)
@@ -183,7 +186,7 @@ class TurnRun:
             if turn.audio is not None:
                 audio = await self.pool.put(turn.audio, self.settings.pool.put_timeout_s)
             job = ThinkerJob(self.request_id("thinker", 0), turn.messages, audio, turn.max_tokens,
-                             turn.response_format)
+                             turn.response_format, embeds=chunks is not None)
             async with self._stream("thinker", job) as outputs:
                 async for out in outputs:
                     assert isinstance(out, ThinkerOutput)  # a stage answers its own jobs
@@ -198,13 +201,16 @@ class TurnRun:
                         self._reply.append(out.text)
                         self._mark("first_text_s")
                         await self._emit(TextDelta(turn.turn_id, out.text))
+                    if chunks is None:
+                        continue
                     if chunk := chunker.feed(Piece(out.text, tuple(out.token_ids), embeds)):
                         await chunks.put(chunk)
-            if chunk := chunker.flush():
+            if chunks is not None and (chunk := chunker.flush()):
                 await chunks.put(chunk)
         finally:
             self.pool.release_unless_taken(audio)  # the Thinker releases it once it read it
-            chunks.close()
+            if chunks is not None:
+                chunks.close()
 
     async def _talk(self, chunks: Channel[Chunk], groups: Channel[Group]) -> None:
         """Voice each chunk in order; the speech tokens so far are the next chunk's context."""

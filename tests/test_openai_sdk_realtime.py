@@ -117,6 +117,9 @@ async def test_a_committed_question_gets_a_text_only_response(
     final = next(e for e in seen if e.type == "response.output_text.done")
     assert text and final.text == text
     assert done.response.output[0].content[0].text == text
+    # Nothing was voiced: the turn ran the Thinker alone (no speech tokens, no Talker).
+    tokens = done.response.usage.output_token_details
+    assert tokens.text_tokens > 0 and tokens.audio_tokens == 0, done.response.usage
     assert committed.item_id  # the committed utterance became the user's item
     # An empty buffer is not a turn.
     await conn.input_audio_buffer.commit()
