@@ -11,31 +11,16 @@ import logging
 
 from fastapi import APIRouter, WebSocket
 
-from agent.api.signalling import json_error
+from agent.api.signalling import Refusal, json_error, refusal
 from agent.calls.registry import CallLimitError, CallRegistry
 from agent.calls.sideband import Sideband
 from agent.calls.websocket_call import WebSocketCall
 from agent.ops import logs
-from agent.ops.readiness import Readiness
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 REALTIME_SUBPROTOCOL = "realtime"  # what browsers offer beside their key
-
-
-def refusal(readiness: Readiness) -> tuple[int, str, str, dict[str, str]] | None:
-    """Why the server takes no call now (status, code, message, headers), or None."""
-    if readiness.draining:
-        return 503, "server_draining", readiness.summary(), {"Retry-After": "2"}
-    if not readiness.stages_ready():
-        if readiness.failed():
-            return 503, "stage_failed", readiness.summary(), {}
-        return 503, "not_ready", readiness.summary(), {"Retry-After": "5"}
-    busy = readiness.full()
-    if busy is not None:
-        return 503, "server_busy", f"server busy: {busy}", {"Retry-After": "2"}
-    return None
 
 
 @router.websocket("/v1/realtime")
@@ -53,7 +38,7 @@ async def realtime(websocket: WebSocket) -> None:
         try:
             call = calls.new_call(WebSocketCall)
         except CallLimitError as exc:
-            refused = (503, "too_many_calls", str(exc), {"Retry-After": "5"})
+            refused = Refusal(503, "too_many_calls", str(exc), {"Retry-After": "5"})
     if call is None:
         assert refused is not None
         status, code, message, headers = refused

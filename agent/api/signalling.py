@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import NamedTuple
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -11,6 +12,7 @@ from fastapi.responses import JSONResponse
 from agent.api.offer import MULTIPART, SDP, OfferError, read_offer
 from agent.calls.registry import CallLimitError, CallRegistry
 from agent.ops import logs
+from agent.ops.readiness import Readiness
 from agent.realtime.session_config import SessionConfigError
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,30 @@ async def read_body(request: Request, limit: int) -> bytes | None:
         if len(body) > limit:
             return None
     return bytes(body)
+
+
+class Refusal(NamedTuple):
+    """Why the server takes no call now: an HTTP status, OpenAI's error code and message."""
+
+    status: int
+    code: str
+    message: str
+    headers: dict[str, str]
+
+
+def refusal(readiness: Readiness) -> Refusal | None:
+    """Why the server takes no new call (a WebRTC offer or a WebSocket) now, or None."""
+    if readiness.draining:  # told to stop: the caller should retry, on another server
+        return Refusal(503, "server_draining", readiness.summary(), {"Retry-After": "2"})
+    if not readiness.stages_ready():
+        if readiness.failed():  # given up for good: no Retry-After, an operator must act
+            return Refusal(503, "stage_failed", readiness.summary(), {})
+        return Refusal(503, "not_ready", readiness.summary(), {"Retry-After": "5"})
+    busy = readiness.full()
+    if busy is not None:  # one more call would slow every live one: the caller retries
+        return Refusal(503, "server_busy", f"server busy: {busy}",
+                       {"Retry-After": str(BUSY_RETRY_AFTER_S)})
+    return None
 
 
 def refuse(request: Request, status: int, code: str, message: str, **headers: str
@@ -67,18 +93,9 @@ async def create_call(request: Request) -> Response:
         offer = read_offer(content_type, body)
     except OfferError as exc:
         return json_error(exc.status, exc.code, exc.message)
-    readiness = request.app.state.readiness
-    if readiness.draining:  # told to stop: the caller should retry, on another server
-        return refuse(request, 503, "server_draining", readiness.summary(),
-                      **{"Retry-After": "2"})
-    if not readiness.stages_ready():
-        if readiness.failed():  # given up for good: no Retry-After, an operator must act
-            return refuse(request, 503, "stage_failed", readiness.summary())
-        return refuse(request, 503, "not_ready", readiness.summary(), **{"Retry-After": "5"})
-    busy = readiness.full()
-    if busy is not None:  # one more call would slow every live one: the caller retries
-        return refuse(request, 503, "server_busy", f"server busy: {busy}",
-                      **{"Retry-After": str(BUSY_RETRY_AFTER_S)})
+    refused = refusal(request.app.state.readiness)
+    if refused is not None:
+        return refuse(request, refused.status, refused.code, refused.message, **refused.headers)
     calls: CallRegistry = request.app.state.calls
     try:
         call = calls.new_call()
