@@ -58,11 +58,14 @@ async def test_a_late_loop_refuses_new_calls_and_carries_the_live_one(tmp_path: 
     settings = admitting(tmp_path, admission_max_loop_lag_ms=LAG_LIMIT_MS,
                          admission_max_cpu_wait=0)
     async with tone_server(settings) as served:
+        admission = served.app.state.admission
+        # A cold start (first imports, a busy machine) may itself have held the loop late
+        # within the window: the live call is admitted once that has left it.
+        await wait_until(lambda: admission.busy() is None, 3 * WINDOW_S + 10,
+                         "the server's start to leave the admission window")
         live = RtcCaller(served.url, ArrayAudioTrack(np.zeros(48_000, np.int16)))
         await live.connect()
         await live.wait_for("session.created", timeout=30)
-        admission = served.app.state.admission
-        assert admission.busy() is None
 
         await block_the_loop(1.0)
         reason = admission.busy()
