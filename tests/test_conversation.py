@@ -90,15 +90,20 @@ async def test_spoken_question_gets_audio_answer_in_order(
 
 async def interrupt_and_check(served: Served, caller: RtcCaller, interrupt,
                               generating: bool) -> tuple[int, Reply]:
-    """Interrupt once the caller has heard 1.5 s of the reply (past its first text chunk);
-    check the cut end to end. Returns the reply's audio_end_ms (how much of it was played) and
+    """Interrupt once the caller has heard 1.5 s of the reply and at least one whole word of it
+    (a first text chunk may voice several seconds, and a word cut in half is not heard); check
+    the cut end to end. Returns the reply's audio_end_ms (how much of it was played) and
     the reply."""
     await caller.wait_for("output_audio_buffer.started", timeout=60)
     session = session_of(served, caller)
     reply = session.audible_reply()
     assert reply is not None
     outbound = session.call.outbound
-    await wait_until(lambda: reply.played_ms(outbound.played_ms) >= 1500, 30, "1.5 s played")
+    def heard_a_word() -> bool:
+        played = reply.played_ms(outbound.played_ms)
+        return played >= 1500 and reply.spoken.heard(reply.text, played) != ""
+
+    await wait_until(heard_a_word, 30, "1.5 s and a whole word played")
     assert session.audible_reply() is reply and (session.reply is reply) == generating
     await interrupt()
     truncated = await caller.wait_for("conversation.item.truncated", timeout=10)
