@@ -94,6 +94,8 @@ class Sampling:
     json_schema: dict[str, Any] | None = None  # guided decoding to this JSON schema
     detokenize: bool = True
     stop: list[str] | None = None  # strings that end the output (left out of it)
+    stop_token_ids: list[int] | None = None  # ids that end the output (a speech end id)
+    repetition_penalty: float = 1.0  # > 1 discourages ids already in prompt or output
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,8 @@ class VllmEngine:
             structured_outputs=structured,
             detokenize=sampling.detokenize,
             stop=sampling.stop,
+            stop_token_ids=sampling.stop_token_ids,
+            repetition_penalty=sampling.repetition_penalty,
             output_kind=RequestOutputKind.DELTA,
         )
 
