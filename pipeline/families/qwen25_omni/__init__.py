@@ -1,0 +1,12 @@
+"""The qwen25_omni model family: Qwen2.5-Omni's thinker, talker and token2wav on omnivox.
+
+Its stages read a Qwen2.5-Omni release directory (the real one, or the tiny random-weight one
+`build` writes) with the same code. See build.py for the built layout.
+"""
+
+from pipeline.families.qwen25_omni.build import build_qwen25_omni
+
+STAGES: dict = {}  # filled as the stages land (thinker, talker, voicebox)
+build = build_qwen25_omni
+
+__all__ = ["STAGES", "build", "build_qwen25_omni"]

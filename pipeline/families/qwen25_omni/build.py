@@ -1,0 +1,73 @@
+"""Builds the qwen25_omni family's directory: a release plus the parts derived from it.
+
+Layout under `<models_dir>/qwen25_omni/`: release/ (the tiny random release, when no real one
+is given: `release.write_tiny_release`), thinker_lm/ (the thinker's language model as a plain
+Qwen2ForCausalLM for vLLM: `thinker_lm`) and manifest.json, whose "release" field says where
+the release is: "release" (inside, tiny) or the absolute path of a real one, which is read
+where it lies and never copied. A build whose manifest still matches is skipped; otherwise it
+is rebuilt whole in a staging directory under a file lock (`build_support.build_once`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pipeline.families.build_support import (
+    build_once,
+    manifest_matches,
+    read_manifest,
+    write_manifest,
+)
+from pipeline.families.qwen25_omni.release import check_release, write_tiny_release
+from pipeline.families.qwen25_omni.thinker_lm import write_thinker_lm
+
+logger = logging.getLogger(__name__)
+
+FAMILY = "qwen25_omni"
+RECIPE = "qwen25-omni-1"  # bump when the build changes what it writes: old builds are rebuilt
+SEED = 2025
+TINY_RELEASE = "release"  # the tiny release's place inside the family directory
+THINKER_LM = "thinker_lm"
+
+
+def build_qwen25_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
+                      release: Path | None = None) -> Path:
+    """Build (or find already built) the family under `models_dir`; its directory.
+
+    `release`: a real Qwen2.5-Omni release directory (checked first); None builds the tiny
+    random one from `seed`.
+    """
+    if release is not None:
+        release = Path(release).resolve()
+        check_release(release)
+    fields = {"family": FAMILY, "recipe": RECIPE,
+              "seed": seed if release is None else None,
+              "release": TINY_RELEASE if release is None else str(release)}
+    return build_once(models_dir, FAMILY, lambda target: manifest_matches(target, fields),
+                      lambda staging: _write_all(staging, release, fields, progress))
+
+
+def release_dir(family_dir: Path) -> Path:
+    """The release a built family was derived from (its manifest's "release")."""
+    family_dir = Path(family_dir)
+    return family_dir / str(read_manifest(family_dir)["release"])  # absolute stays itself
+
+
+def _write_all(root: Path, release: Path | None, fields: dict, progress: bool) -> None:
+    source = release or root / TINY_RELEASE
+    steps: list[tuple[str, Callable[[], None]]] = []
+    if release is None:
+        steps.append(("tiny release (random weights)",
+                      lambda: write_tiny_release(source, int(fields["seed"]))))
+    steps += [
+        ("thinker LM", lambda: write_thinker_lm(source, root / THINKER_LM)),
+        ("manifest", lambda: write_manifest(root, fields)),
+    ]
+    for name, step in tqdm(steps, desc="building qwen25_omni family", unit="step",
+                           disable=not progress):
+        logger.debug("qwen25_omni build: %s", name)
+        step()

@@ -1,0 +1,89 @@
+"""Qwen2.5-Omni release directories: the tiny random one we build, and checks on any one.
+
+A release directory has the Hugging Face layout of the published Qwen2.5-Omni checkpoints:
+config.json (architecture `Qwen2_5OmniForConditionalGeneration`), the safetensors weights of
+thinker, talker and token2wav, generation_config.json, the tokenizer files,
+preprocessor_config.json (the Whisper feature extractor) and spk_dict.pt (the speakers). The
+stages read real and tiny releases with the same code.
+
+The tiny release is transformers' own model class at the sizes of `tiny_config`, with RANDOM
+weights from a fixed torch seed: it exercises the real architecture, it says nothing.
+The processor itself is not saved (its video part needs torchvision, which the CPU torch here
+cannot load): its tokenizer and feature extractor are, which is all the audio path reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    GenerationConfig,
+    Qwen2_5OmniForConditionalGeneration,
+    WhisperFeatureExtractor,
+)
+
+from pipeline.families.qwen25_omni import tiny_tokenizer
+from pipeline.families.qwen25_omni.tiny_config import tiny_config
+
+ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
+MODEL_TYPE = "qwen2_5_omni"
+N_MELS = 128  # the audio tower's mel bins (the real release's WhisperFeatureExtractor)
+REF_MEL_FRAMES = 30  # the tiny speakers' reference mel length
+
+
+def write_tiny_release(directory: Path, seed: int) -> None:
+    """Write a tiny Qwen2.5-Omni release (random weights from `seed`) into `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_tokenizer.train_tokenizer()
+    ids = tiny_tokenizer.token_ids(tokenizer)
+    config = tiny_config(ids)
+    torch.manual_seed(seed)
+    model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(eos_token_id=[ids.im_end, ids.pad],
+                                               pad_token_id=ids.pad)
+    model.save_pretrained(directory)
+    tiny_tokenizer.save_tokenizer(tokenizer, directory)
+    WhisperFeatureExtractor(feature_size=N_MELS).save_pretrained(directory)
+    token2wav: Any = config.token2wav_config  # a sub-config (typed as dict | config | None)
+    dit = token2wav.dit_config
+    generator = torch.Generator().manual_seed(seed + 1)
+    speakers = {
+        name: {"bos_token": tokenizer.token_to_id(token),
+               "cond": torch.randn(1, dit.enc_emb_dim, generator=generator),
+               "ref_mel": torch.randn(1, REF_MEL_FRAMES, dit.mel_dim, generator=generator)}
+        for name, token in tiny_tokenizer.SPEAKERS.items()}
+    torch.save(speakers, directory / "spk_dict.pt")
+
+
+def check_release(directory: Path) -> dict:
+    """The release's config.json, or a clear error naming what is missing or wrong."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no Qwen2.5-Omni release at {directory}: the directory is "
+                                "absent (download Qwen/Qwen2.5-Omni-7B or -3B there)")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{directory} is not a Qwen2.5-Omni release: no config.json")
+    config: dict = json.loads(config_path.read_text())
+    architectures = config.get("architectures") or []
+    if config.get("model_type") != MODEL_TYPE or ARCHITECTURE not in architectures:
+        raise ValueError(
+            f"{directory} is not a Qwen2.5-Omni release: config.json has model_type "
+            f"{config.get('model_type')!r} and architectures {architectures}, expected "
+            f"{MODEL_TYPE!r} and {ARCHITECTURE}")
+    missing = [name for name in _required_files(directory) if not (directory / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"Qwen2.5-Omni release at {directory} lacks {', '.join(missing)}")
+    return config
+
+
+def _required_files(directory: Path) -> list[str]:
+    weights = ("model.safetensors.index.json"
+               if (directory / "model.safetensors.index.json").is_file() else "model.safetensors")
+    tokenizer = "tokenizer.json" if (directory / "tokenizer.json").is_file() else "vocab.json"
+    return [weights, tokenizer, "tokenizer_config.json", "preprocessor_config.json",
+            "spk_dict.pt"]

@@ -1,0 +1,87 @@
+"""The thinker's language model as a plain `Qwen2ForCausalLM` directory, for stock vLLM.
+
+Qwen2.5-Omni's thinker over prompt embeddings is a Qwen2 decoder: for audio and text prompts
+M-RoPE's three position components are equal, so 1-D RoPE computes the same thing (measured,
+PLATFORM.md). This module writes that decoder from a release: a Qwen2 config.json with the
+thinker's text sizes, the thinker's `model.*` and `lm_head` tensors renamed (`thinker.` dropped),
+one output shard per release shard so a real release is converted a shard at a time, and the
+release's tokenizer files. The same code converts tiny and real releases.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoTokenizer, Qwen2_5OmniConfig, Qwen2Config
+
+from pipeline.families.build_support import write_json
+
+PREFIXES = ("thinker.model.", "thinker.lm_head.")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "chat_template.json", "special_tokens_map.json", "added_tokens.json")
+INDEX = "model.safetensors.index.json"
+
+
+def write_thinker_lm(release: Path, directory: Path) -> None:
+    """Write the thinker's LM from the release directory `release` into `directory`."""
+    release, directory = Path(release), Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lm_config(release).save_pretrained(directory)
+    _write_weights(release, directory)
+    for name in TOKENIZER_FILES:
+        if (release / name).is_file():
+            shutil.copyfile(release / name, directory / name)
+    tokenizer = AutoTokenizer.from_pretrained(release)
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    write_json(directory / "generation_config.json",
+               {"eos_token_id": stops, "pad_token_id": stops[1]})
+
+
+def lm_config(release: Path) -> Qwen2Config:
+    """The Qwen2 config of the release's thinker text model (1-D RoPE, same theta)."""
+    thinker: Any = Qwen2_5OmniConfig.from_pretrained(release).thinker_config  # a sub-config
+    text = thinker.text_config
+    rope = text.rope_parameters or {}
+    return Qwen2Config(
+        architectures=["Qwen2ForCausalLM"],
+        vocab_size=text.vocab_size, hidden_size=text.hidden_size,
+        intermediate_size=text.intermediate_size, num_hidden_layers=text.num_hidden_layers,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_key_value_heads, hidden_act=text.hidden_act,
+        max_position_embeddings=text.max_position_embeddings, rms_norm_eps=text.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": rope.get("rope_theta", 1e6)},
+        use_sliding_window=text.use_sliding_window, sliding_window=text.sliding_window,
+        max_window_layers=text.max_window_layers, tie_word_embeddings=False,
+        bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id,
+        pad_token_id=text.pad_token_id, dtype=text.dtype or "float32",
+    )
+
+
+def _write_weights(release: Path, directory: Path) -> None:
+    """The thinker LM's tensors, renamed, one output shard per release shard holding any."""
+    shards = _release_shards(release)
+    weight_map: dict[str, str] = {}
+    for number, shard in enumerate(shards, 1):
+        out_name = ("model.safetensors" if len(shards) == 1
+                    else f"model-{number:05d}-of-{len(shards):05d}.safetensors")
+        with safe_open(release / shard, "pt") as source:
+            names = [key for key in source.keys() if key.startswith(PREFIXES)]  # noqa: SIM118
+            tensors = {key[len("thinker."):]: source.get_tensor(key) for key in names}
+        if tensors:
+            save_file(tensors, directory / out_name, metadata={"format": "pt"})
+            weight_map |= dict.fromkeys(tensors, out_name)
+    if len(shards) > 1:
+        write_json(directory / INDEX, {"metadata": {}, "weight_map": weight_map})
+
+
+def _release_shards(release: Path) -> list[str]:
+    index = release / INDEX
+    if not index.is_file():
+        return ["model.safetensors"]
+    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    return sorted(set(weight_map.values()))

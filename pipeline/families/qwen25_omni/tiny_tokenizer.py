@@ -1,0 +1,88 @@
+"""The tiny Qwen2.5-Omni release's tokenizer: a byte-level BPE with the real special tokens.
+
+The BPE is trained locally on the tiny family's built-in corpus (deterministic: same corpus,
+same merges); the special tokens Qwen2.5-Omni's prompts use are added after the BPE
+vocabulary, where the real tokenizer has them. The speaker tokens stand in for the real
+release's per-speaker text-start tokens (`spk_dict.pt`'s `bos_token`); their names are ours.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from pipeline.families.qwen25_omni.tiny_config import TokenIds
+from pipeline.families.tiny.corpus import CORPUS
+
+BPE_SIZE = 448
+VOCAB_SIZE = 512  # the LM's rows: the tokenizer's length rounded up, as the real release does
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+AUDIO, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
+VISION_BOS, VISION_EOS, IMAGE, VIDEO = "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>"
+TTS_PAD, TTS_BOS, TTS_EOS = "<|tts_pad|>", "<|tts_bos|>", "<|tts_eos|>"
+SPEAKERS = {"Chelsie": "<|spk_chelsie|>", "Ethan": "<|spk_ethan|>"}
+SPECIAL_TOKENS = [PAD, IM_START, IM_END, AUDIO, AUDIO_BOS, AUDIO_EOS, VISION_BOS, VISION_EOS,
+                  IMAGE, VIDEO, TTS_PAD, TTS_BOS, TTS_EOS, *SPEAKERS.values()]
+
+# Qwen2.5-Omni's chat format: a message's content is a string or a list of parts; an audio
+# part is the <|AUDIO|> placeholder between its delimiters (the prompt builder widens it to
+# one row per audio-tower frame).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'audio' %}{{ '<|audio_bos|><|AUDIO|><|audio_eos|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def train_tokenizer() -> Tokenizer:
+    """The BPE trained on the corpus, then the special tokens appended after it."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_SIZE, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(CORPUS.splitlines(), trainer)
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    return tokenizer
+
+
+def token_ids(tokenizer: Tokenizer) -> TokenIds:
+    """The ids the model configuration names."""
+    def id_of(token: str) -> int:
+        found = tokenizer.token_to_id(token)
+        if found is None:
+            raise KeyError(f"tokenizer has no {token!r}")
+        return int(found)
+
+    user = tokenizer.encode("user", add_special_tokens=False).ids
+    return TokenIds(
+        vocab_size=VOCAB_SIZE, pad=id_of(PAD), im_end=id_of(IM_END), audio=id_of(AUDIO),
+        audio_bos=id_of(AUDIO_BOS), audio_eos=id_of(AUDIO_EOS), image=id_of(IMAGE),
+        video=id_of(VIDEO), vision_bos=id_of(VISION_BOS), vision_eos=id_of(VISION_EOS),
+        tts_pad=id_of(TTS_PAD), tts_bos=id_of(TTS_BOS), tts_eos=id_of(TTS_EOS), user=user[0])
+
+
+def save_tokenizer(tokenizer: Tokenizer, directory: Path) -> None:
+    """tokenizer.json, tokenizer_config.json and chat_template.json (the processor's file)."""
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None, "eos_token": IM_END, "pad_token": PAD, "unk_token": None,
+        "additional_special_tokens": SPECIAL_TOKENS[1:],
+        "chat_template": CHAT_TEMPLATE,
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "add_prefix_space": False,
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (directory / "chat_template.json").write_text(
+        json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
