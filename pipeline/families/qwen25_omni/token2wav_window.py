@@ -182,10 +182,12 @@ class WindowRenderer:
         for row, window in enumerate(windows):
             codes[row, : len(window.tokens)] = torch.tensor(window.tokens, dtype=torch.long)
             noise[row, : frames[row]] = self.noise.frames(window.start * self.repeats, frames[row])
-        conditioning = torch.cat([s.conditioning for s in speakers]).float()
-        reference_mel = torch.cat([s.reference_mel for s in speakers]).float()
+        device = self.dit.device  # built on the CPU, moved to the model's device
+        conditioning = torch.cat([s.conditioning for s in speakers]).float().to(device)
+        reference_mel = torch.cat([s.reference_mel for s in speakers]).float().to(device)
         with _masked_padding(self.dit, frames, longest):
-            mel = sample(self.dit, noise, conditioning, reference_mel, codes, self.settings)
+            mel = sample(self.dit, noise.to(device), conditioning, reference_mel,
+                         codes.to(device), self.settings)
         return [mel[row, :, :count] for row, count in enumerate(frames)]
 
 
@@ -211,7 +213,8 @@ def sample(dit: Qwen2_5OmniToken2WavDiTModel, noise: torch.Tensor, conditioning:
         guided, null = torch.chunk(out, 2, dim=0)
         return guided + (guided - null) * guidance
 
-    times = torch.linspace(0, 1, settings.num_steps, dtype=conditioning.dtype)
+    times = torch.linspace(0, 1, settings.num_steps, dtype=conditioning.dtype,
+                           device=conditioning.device)
     if settings.sway_coefficient is not None:
         times += settings.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
     trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
@@ -249,7 +252,8 @@ def _masked_padding(dit: Qwen2_5OmniToken2WavDiTModel, frames: Sequence[int],
         # (rows, heads, query, key), the rows being the batch twice over (guidance)
         diff: torch.Tensor = plain(hidden_states).clone()
         rows = diff.shape[0] // len(frames)
-        hide = padded.repeat(rows, 1)[:, None, None, :] & ~torch.eye(longest, dtype=torch.bool)
+        own = torch.eye(longest, dtype=torch.bool, device=diff.device)
+        hide = padded.to(diff.device).repeat(rows, 1)[:, None, None, :] & ~own
         return diff.masked_fill(hide, FAR)
 
     dit._create_block_diff = masked  # type: ignore[method-assign]
