@@ -22,6 +22,7 @@ class Turn:
     call_id: str = "call"  # first part of every request id: call/turn/stage/chunk
     response_format: dict[str, Any] | None = None  # JSON schema: guided decoding, never dropped
     speak: bool = True  # False: the reply in text alone (no Talker, no VoiceBox, no audio)
+    recite: str | None = None  # the reply is this text, voiced as written (speech synthesis)
 
 
 @dataclass(frozen=True)

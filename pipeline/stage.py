@@ -43,6 +43,7 @@ class ThinkerJob(msgspec.Struct, frozen=True, tag="thinker_job"):
     response_format: dict[str, Any] | None = None  # JSON schema -> guided decoding
     sampling: SamplingOptions | None = None  # the request's own choices (text completions)
     embeds: bool = True  # False: text only, nobody voices it (no embeddings for a Talker)
+    recite: str | None = None  # the reply is this text, not the model's (speech synthesis)
 
 
 class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):

@@ -186,7 +186,8 @@ class TurnRun:
             if turn.audio is not None:
                 audio = await self.pool.put(turn.audio, self.settings.pool.put_timeout_s)
             job = ThinkerJob(self.request_id("thinker", 0), turn.messages, audio, turn.max_tokens,
-                             turn.response_format, embeds=chunks is not None)
+                             turn.response_format, embeds=chunks is not None,
+                             recite=turn.recite)
             async with self._stream("thinker", job) as outputs:
                 async for out in outputs:
                     assert isinstance(out, ThinkerOutput)  # a stage answers its own jobs

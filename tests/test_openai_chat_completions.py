@@ -16,6 +16,7 @@ import pytest
 
 from agent.api.chat_completions import ENGINE
 from pipeline.events import AudioChunk, Turn, TurnDone
+from tests.openai_clients import clients
 from tests.served import Served
 
 pytestmark = pytest.mark.engines
@@ -51,12 +52,6 @@ TOOLS = [
 ]
 PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 
-
-def clients(served: Served) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
-    # No API keys on the server (local mode); the SDK insists on one, and sends it.
-    options: dict[str, Any] = {"base_url": f"{served.url}/v1", "api_key": "local-mode",
-                               "max_retries": 0}
-    return openai.OpenAI(**options), openai.AsyncOpenAI(**options)
 
 
 async def test_models_list_and_retrieve(tiny_server: Served) -> None:

@@ -9,23 +9,22 @@ flight per engine are bounded (completion_slots.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import suppress
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse
 
-from agent.api.chat_request import BadRequest, ChatCompletionRequest, parse_request
+from agent.api.chat_request import ChatCompletionRequest
 from agent.api.chat_response import DONE, Completion, finish_reason, sse
 from agent.api.chat_tools import Answer, read_answer
 from agent.api.completion_slots import RETRY_AFTER_S, CompletionSlots
+from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
 from agent.api.openai_errors import model_not_found, openai_error
+from agent.api.request_body import read_request
 from agent.api.served_models import resolve
-from agent.api.signalling import read_body
 from pipeline.errors import (
     PipelineBusyError,
     PipelineError,
@@ -38,81 +37,32 @@ from pipeline.sampling_options import SamplingOptions
 from pipeline.stage import ThinkerJob, ThinkerOutput
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 router = APIRouter()
 
 MAX_BODY_BYTES = 1 << 20
 ENGINE = "thinker"  # the stage whose engine serves completions
 NOT_READY_RETRY_S = 5
-CLIENT_GONE = 499  # the status nginx logs for a client that closed before the answer
 # Errors a Thinker raises for the request itself, not for its state: the client's to fix.
 REQUEST_ERRORS = ("VLLMValidationError", "ValueError")
-
-
-class CompletionRun:
-    """One request's engine stream and its slot, given back exactly once."""
-
-    def __init__(self, outputs: AsyncIterator[ThinkerOutput], slots: CompletionSlots) -> None:
-        self.outputs, self.slots = outputs, slots
-        self._closed = False
-
-    async def next(self) -> ThinkerOutput:
-        return await anext(self.outputs)
-
-    async def close(self) -> None:
-        """Abort the engine request if it is still running; free the slot."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            aclose = getattr(self.outputs, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        finally:
-            self.slots.give_back(ENGINE)
-
-
-class CompletionStream(StreamingResponse):
-    """The streamed answer; its run is closed however the response ends, even if its body was
-    never iterated (the client left before the first byte)."""
-
-    def __init__(self, body: AsyncIterator[bytes], run: CompletionRun) -> None:
-        super().__init__(body, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
-        self.run = run
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.run.close()
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(request: Request) -> Response:
     """A chat completion from the Thinker of the model named."""
-    body = await read_body(request, MAX_BODY_BYTES)
-    if body is None:
-        return openai_error(413, "request_too_large",
-                            f"the request body exceeds {MAX_BODY_BYTES} bytes")
-    try:
-        chat = parse_request(body)
-    except BadRequest as exc:
-        return openai_error(400, "invalid_request", str(exc), param=exc.param)
+    chat = await read_request(request, ChatCompletionRequest, MAX_BODY_BYTES)
+    if isinstance(chat, JSONResponse):
+        return chat
     model = resolve(request.app, chat.model)
     if model is None:
         return model_not_found(chat.model)
     slots: CompletionSlots = request.app.state.completion_slots
     if not slots.take(ENGINE):
-        return openai_error(429, "too_many_requests", f"{slots.limit} completions are already "
-                            f"in flight on the {ENGINE}'s engine; retry shortly",
-                            kind="rate_limit_error", **{"Retry-After": str(RETRY_AFTER_S)})
+        return slots.busy(ENGINE)
     completion = Completion(model.id)
-    run: CompletionRun | None = None
+    run: ModelRun[ThinkerOutput] | None = None
     try:
-        run = CompletionRun(request.app.state.pipeline.generate_text(thinker_job(chat,
-                                                                                 completion)),
-                            slots)
+        run = ModelRun(request.app.state.pipeline.generate_text(thinker_job(chat, completion)),
+                       slots, ENGINE)
         first = await unless_gone(request, run.next())
     except (PipelineError, StopAsyncIteration) as exc:
         if run is None:
@@ -124,7 +74,7 @@ async def chat_completions(request: Request) -> Response:
         await run.close()
         return Response(status_code=CLIENT_GONE)
     if chat.stream:  # from here, the streamed response itself hears of a client that left
-        return CompletionStream(stream(run, first, chat, completion), run)
+        return RunStream(stream(run, first, chat, completion), run, "text/event-stream")
     try:
         answer = await unless_gone(request, whole(run, first, chat, completion))
         return Response(status_code=CLIENT_GONE) if answer is None else answer
@@ -132,28 +82,6 @@ async def chat_completions(request: Request) -> Response:
         return refused(request, chat, exc)
     finally:
         await run.close()
-
-
-async def unless_gone(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None as soon as the client has closed its connection (`work` is
-    cancelled then; closing the run aborts the engine request). Starlette does not cancel a
-    handler whose client left, and a request nobody waits for must not keep its slot."""
-    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
-    finally:  # also when this handler is cancelled: the work never outlives it
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
-    return None if task.cancelled() else task.result()
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns once the client has gone (the body is read: only a disconnect comes)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def thinker_job(chat: ChatCompletionRequest, completion: Completion) -> ThinkerJob:
@@ -174,7 +102,7 @@ def answer_of(chat: ChatCompletionRequest, text: str, engine_reason: str | None
     return answer, "tool_calls" if answer.calls else finish_reason(engine_reason)
 
 
-async def whole(run: CompletionRun, output: ThinkerOutput, chat: ChatCompletionRequest,
+async def whole(run: ModelRun[ThinkerOutput], output: ThinkerOutput, chat: ChatCompletionRequest,
                 completion: Completion) -> JSONResponse:
     """Collect the reply, then answer it in one piece."""
     text: list[str] = []
@@ -187,7 +115,7 @@ async def whole(run: CompletionRun, output: ThinkerOutput, chat: ChatCompletionR
         output = await run.next()
 
 
-async def stream(run: CompletionRun, output: ThinkerOutput, chat: ChatCompletionRequest,
+async def stream(run: ModelRun[ThinkerOutput], output: ThinkerOutput, chat: ChatCompletionRequest,
                  completion: Completion) -> AsyncIterator[bytes]:
     """The reply as chunks: the role first, then text deltas, then the finish reason (and the
     usage chunk when asked for), then [DONE]. An error mid-stream is an error event, last.

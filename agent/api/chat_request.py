@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent.api.chat_tools import (
     NamedChoice,
@@ -20,6 +20,7 @@ from agent.api.chat_tools import (
     tools_prompt,
 )
 from agent.api.guided_schema import REFUSAL, unsafe_keyword
+from agent.api.request_body import BadRequest
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's own bound
 # No max_completion_tokens: the reply may take whatever the prompt leaves of the context.
@@ -212,43 +213,3 @@ class ChatCompletionRequest(BaseModel):
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
-
-
-class BadRequest(ValueError):  # a ValueError: pydantic reports it raised in a validator
-    """A request refused: `param` is the field at fault (OpenAI's `param`)."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def parse_request(body: bytes) -> ChatCompletionRequest:
-    """The request, or BadRequest naming the first field at fault."""
-    try:
-        return ChatCompletionRequest.model_validate_json(body)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        cause = (error.get("ctx") or {}).get("error")
-        if isinstance(cause, BadRequest):  # a check across fields names its own field
-            raise BadRequest(f"{cause.param}: {cause}", cause.param) from None
-        param = field_path(error["loc"])
-        where = f"{param}: " if param else ""
-        message = NOT_HONOURED if error["type"] == "extra_forbidden" else error["msg"]
-        raise BadRequest(f"{where}{message}", param or None) from None
-
-
-NOT_HONOURED = "not supported by this server (refused rather than ignored)"
-# Pydantic names the member of a union it tried in the error's location; a client never sees
-# those, only field names and list indexes.
-_UNION_MEMBERS = {"str", "none"}
-
-
-def field_path(loc: tuple[int | str, ...]) -> str:
-    """`messages[0].content` from pydantic's ('messages', 0, 'content', 'str')."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not (part in _UNION_MEMBERS or "[" in part or part[:1].isupper()):
-            path += f".{part}" if path else part
-    return path

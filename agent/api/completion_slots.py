@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from fastapi.responses import JSONResponse
+
+from agent.api.openai_errors import openai_error
+
 RETRY_AFTER_S = 1  # a short completion ends within a second or two: try again soon
 
 
@@ -32,3 +36,9 @@ class CompletionSlots:
 
     def held(self, engine: str) -> int:
         return self._held[engine]
+
+    def busy(self, engine: str) -> JSONResponse:
+        """The 429 for a request beyond the bound (take() said no)."""
+        return openai_error(429, "too_many_requests", f"{self.limit} requests are already in "
+                            f"flight on the {engine}'s engine; retry shortly",
+                            kind="rate_limit_error", **{"Retry-After": str(RETRY_AFTER_S)})

@@ -35,6 +35,9 @@ def group_phrases(phonemes: list[str], first_group: int, group: int) -> list[str
     return groups
 
 
+VOICES = ("default",)  # en_US-joe-medium
+
+
 class LocalTalker(Stage[TalkerJob, TalkerOutput]):
     """Talker on espeak-ng phonemes for the Piper voice en_US-joe-medium."""
 
@@ -49,6 +52,8 @@ class LocalTalker(Stage[TalkerJob, TalkerOutput]):
         self.aborted: set[str] = set()
 
     async def stream(self, job: TalkerJob) -> AsyncIterator[TalkerOutput]:
+        if job.voice not in VOICES:  # one Piper voice: another name is the client's mistake
+            raise ValueError(f"unknown voice {job.voice!r}; this family has {list(VOICES)}")
         rid = job.request_id
         self.active.add(rid)
         try:

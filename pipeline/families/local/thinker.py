@@ -23,6 +23,7 @@ from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.local.build import ASR_DIR, LLM_DIR
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from pipeline.families.local.stage_support import family_dir
+from pipeline.families.recite import recited_pieces
 from pipeline.families.request_sampling import with_options
 from pipeline.families.work_thread import WorkThread
 from pipeline.shm import BlockRef
@@ -67,6 +68,11 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         rid = job.request_id
+        if job.recite is not None:  # the given text as the reply: nothing to hear or write
+            for piece, token_ids in recited_pieces(self.tokenizer, job.recite):
+                yield ThinkerOutput(rid, text=piece, token_ids=token_ids)
+            yield ThinkerOutput(rid, finished=True, finish_reason="stop")
+            return
         self.preparing.add(rid)
         try:
             messages = list(job.messages)

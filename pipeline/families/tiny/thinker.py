@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.cuda_ipc import TensorRef
 from pipeline.engines.vllm import Sampling, VllmEngine, json_schema_of
 from pipeline.families.context_window import fit_history, reply_budget
+from pipeline.families.recite import recited_pieces
 from pipeline.families.request_sampling import with_options
 from pipeline.families.tiny.stage_support import (
     EngineStage,
@@ -48,22 +50,38 @@ class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         self.max_model_len = self.engine.settings.max_model_len
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
+        if job.recite is not None:
+            async for output in self._recite(job, job.recite):
+                yield output
+            return
         prompt = await self.torch.run(self._prompt_of, job)
         budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
         deltas = self.engine.generate(job.request_id, prompt, self._sampling(job, budget))
         async with aclosing(deltas):
             async for delta in deltas:
-                embeds = None
-                if delta.token_ids and job.embeds:
-                    rows = (len(delta.token_ids), self.prompts.hidden)
-                    with await self.ctx.acquire_tensor(rows, "float32") as lease:
-                        # A few rows: microseconds, so on the loop, not the torch thread.
-                        self.prompts.embed_into(delta.token_ids, lease.tensor())
-                        embeds = lease.send()
                 yield ThinkerOutput(job.request_id, text=delta.text, token_ids=delta.token_ids,
-                                    embeds=embeds, finished=delta.finished,
+                                    embeds=await self._embeds(job, delta.token_ids),
+                                    finished=delta.finished,
                                     finish_reason=delta.finish_reason,
                                     prompt_tokens=len(prompt))
+
+    async def _recite(self, job: ThinkerJob, text: str) -> AsyncIterator[ThinkerOutput]:
+        """The given text as the reply: its tokens' embeddings are what the model's own
+        tokens would carry (no engine request: the weights are not asked what to say)."""
+        for piece, token_ids in recited_pieces(self.prompts.tokenizer, text):
+            yield ThinkerOutput(job.request_id, text=piece, token_ids=token_ids,
+                                embeds=await self._embeds(job, token_ids))
+        yield ThinkerOutput(job.request_id, finished=True, finish_reason="stop")
+
+    async def _embeds(self, job: ThinkerJob, token_ids: list[int]) -> TensorRef | None:
+        """The tokens' embeddings in a pool block sent on, when the job wants them."""
+        if not token_ids or not job.embeds:
+            return None
+        rows = (len(token_ids), self.prompts.hidden)
+        with await self.ctx.acquire_tensor(rows, "float32") as lease:
+            # A few rows: microseconds, so on the loop, not the torch thread.
+            self.prompts.embed_into(token_ids, lease.tensor())
+            return lease.send()
 
     def _prompt_of(self, job: ThinkerJob) -> torch.Tensor:
         """The job's prompt, its audio read in place (released once the prompt is built: the

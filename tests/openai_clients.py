@@ -1,0 +1,17 @@
+"""The official `openai` SDK's clients (sync and async) for a server under test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+
+from tests.served import Served
+
+
+def clients(served: Served) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
+    """Sync (call it through asyncio.to_thread: the server runs on the test's loop) and async.
+    No API keys on the server (local mode); the SDK insists on one, and sends it."""
+    options: dict[str, Any] = {"base_url": f"{served.url}/v1", "api_key": "local-mode",
+                               "max_retries": 0}
+    return openai.OpenAI(**options), openai.AsyncOpenAI(**options)
