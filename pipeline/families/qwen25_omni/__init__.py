@@ -5,8 +5,9 @@ Its stages read a Qwen2.5-Omni release directory (the real one, or the tiny rand
 """
 
 from pipeline.families.qwen25_omni.build import build_qwen25_omni
+from pipeline.families.qwen25_omni.thinker import OmniThinker
 
-STAGES: dict = {}  # filled as the stages land (thinker, talker, voicebox)
+STAGES: dict = {"thinker": OmniThinker}  # the talker and voicebox join as they land
 build = build_qwen25_omni
 
-__all__ = ["STAGES", "build", "build_qwen25_omni"]
+__all__ = ["STAGES", "OmniThinker", "build", "build_qwen25_omni"]

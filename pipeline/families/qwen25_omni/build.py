@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pipeline.families.build_support import (
+    MANIFEST,
     build_once,
     manifest_matches,
     read_manifest,
@@ -49,6 +50,17 @@ def build_qwen25_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
               "release": TINY_RELEASE if release is None else str(release)}
     return build_once(models_dir, FAMILY, lambda target: manifest_matches(target, fields),
                       lambda staging: _write_all(staging, release, fields, progress))
+
+
+def built_family(models_dir: Path | str) -> Path:
+    """The built family's directory under `models_dir`; a clear error if it is not built."""
+    family_dir = Path(models_dir) / FAMILY
+    if not (family_dir / MANIFEST).is_file():
+        raise FileNotFoundError(
+            f"qwen25_omni family not built at {family_dir}: run "
+            f"pipeline.families.qwen25_omni.build({str(models_dir)!r}) first (release=<a "
+            "Qwen2.5-Omni directory> for real weights)")
+    return family_dir
 
 
 def release_dir(family_dir: Path) -> Path:

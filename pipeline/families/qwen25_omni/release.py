@@ -15,10 +15,12 @@ cannot load): its tokenizer and feature extractor are, which is all the audio pa
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from transformers import (
     GenerationConfig,
     Qwen2_5OmniForConditionalGeneration,
@@ -31,6 +33,7 @@ from pipeline.families.qwen25_omni.tiny_config import tiny_config
 ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
 MODEL_TYPE = "qwen2_5_omni"
 N_MELS = 128  # the audio tower's mel bins (the real release's WhisperFeatureExtractor)
+WEIGHTS_INDEX = "model.safetensors.index.json"
 REF_MEL_FRAMES = 30  # the tiny speakers' reference mel length
 
 
@@ -81,9 +84,35 @@ def check_release(directory: Path) -> dict:
     return config
 
 
+def release_shards(release: Path) -> list[str]:
+    """The release's safetensors files (one, or those its index names)."""
+    index = Path(release) / WEIGHTS_INDEX
+    if not index.is_file():
+        return ["model.safetensors"]
+    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    return sorted(set(weight_map.values()))
+
+
+def shard_tensors(release: Path, prefixes: tuple[str, ...],
+                  strip: str) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+    """Per release shard: its name and its tensors under `prefixes`, `strip` taken off their
+    names (one shard in memory at a time)."""
+    for shard in release_shards(release):
+        with safe_open(Path(release) / shard, "pt") as source:
+            names = [key for key in source.keys() if key.startswith(prefixes)]  # noqa: SIM118
+            yield shard, {key.removeprefix(strip): source.get_tensor(key) for key in names}
+
+
+def release_tensors(release: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The release's tensors under `prefix`, the prefix taken off their names."""
+    tensors: dict[str, torch.Tensor] = {}
+    for _, part in shard_tensors(release, (prefix,), prefix):
+        tensors |= part
+    return tensors
+
+
 def _required_files(directory: Path) -> list[str]:
-    weights = ("model.safetensors.index.json"
-               if (directory / "model.safetensors.index.json").is_file() else "model.safetensors")
+    weights = WEIGHTS_INDEX if (directory / WEIGHTS_INDEX).is_file() else "model.safetensors"
     tokenizer = "tokenizer.json" if (directory / "tokenizer.json").is_file() else "vocab.json"
     return [weights, tokenizer, "tokenizer_config.json", "preprocessor_config.json",
             "spk_dict.pt"]

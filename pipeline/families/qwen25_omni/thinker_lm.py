@@ -10,21 +10,23 @@ release's tokenizer files. The same code converts tiny and real releases.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, Qwen2_5OmniConfig, Qwen2Config
 
 from pipeline.families.build_support import write_json
+from pipeline.families.qwen25_omni.release import (
+    WEIGHTS_INDEX,
+    release_shards,
+    shard_tensors,
+)
 
 PREFIXES = ("thinker.model.", "thinker.lm_head.")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "chat_template.json", "special_tokens_map.json", "added_tokens.json")
-INDEX = "model.safetensors.index.json"
 
 
 def write_thinker_lm(release: Path, directory: Path) -> None:
@@ -64,24 +66,13 @@ def lm_config(release: Path) -> Qwen2Config:
 
 def _write_weights(release: Path, directory: Path) -> None:
     """The thinker LM's tensors, renamed, one output shard per release shard holding any."""
-    shards = _release_shards(release)
+    shards = release_shards(release)
     weight_map: dict[str, str] = {}
-    for number, shard in enumerate(shards, 1):
+    for number, (_, tensors) in enumerate(shard_tensors(release, PREFIXES, "thinker."), 1):
         out_name = ("model.safetensors" if len(shards) == 1
                     else f"model-{number:05d}-of-{len(shards):05d}.safetensors")
-        with safe_open(release / shard, "pt") as source:
-            names = [key for key in source.keys() if key.startswith(PREFIXES)]  # noqa: SIM118
-            tensors = {key[len("thinker."):]: source.get_tensor(key) for key in names}
         if tensors:
             save_file(tensors, directory / out_name, metadata={"format": "pt"})
             weight_map |= dict.fromkeys(tensors, out_name)
     if len(shards) > 1:
-        write_json(directory / INDEX, {"metadata": {}, "weight_map": weight_map})
-
-
-def _release_shards(release: Path) -> list[str]:
-    index = release / INDEX
-    if not index.is_file():
-        return ["model.safetensors"]
-    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-    return sorted(set(weight_map.values()))
+        write_json(directory / WEIGHTS_INDEX, {"metadata": {}, "weight_map": weight_map})

@@ -37,6 +37,7 @@ class TokenIds:
     video: int
     vision_bos: int
     vision_eos: int
+    vision_pad: int
     tts_pad: int
     tts_bos: int
     tts_eos: int
@@ -78,7 +79,8 @@ def _thinker(ids: TokenIds) -> dict:
         "audio_token_index": ids.audio, "image_token_index": ids.image,
         "video_token_index": ids.video, "audio_start_token_id": ids.audio_bos,
         "audio_end_token_id": ids.audio_eos, "user_token_id": ids.user,
-        "pad_token_id": ids.pad,
+        "vision_start_token_id": ids.vision_bos, "vision_end_token_id": ids.vision_eos,
+        "vision_token_id": ids.vision_pad, "pad_token_id": ids.pad,
     }
 
 
@@ -110,6 +112,7 @@ def _token2wav() -> dict:
             "enc_se_channels": 16,
         },
         "bigvgan_config": {
-            "mel_dim": 80, "upsample_initial_channel": 32,
+            # halved at each of the 6 upsamplings: 64 is the least that keeps a channel
+            "mel_dim": 80, "upsample_initial_channel": 64,
         },
     }

@@ -22,9 +22,10 @@ PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 AUDIO, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
 VISION_BOS, VISION_EOS, IMAGE, VIDEO = "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>"
 TTS_PAD, TTS_BOS, TTS_EOS = "<|tts_pad|>", "<|tts_bos|>", "<|tts_eos|>"
+VISION_PAD = "<|vision_pad|>"
 SPEAKERS = {"Chelsie": "<|spk_chelsie|>", "Ethan": "<|spk_ethan|>"}
 SPECIAL_TOKENS = [PAD, IM_START, IM_END, AUDIO, AUDIO_BOS, AUDIO_EOS, VISION_BOS, VISION_EOS,
-                  IMAGE, VIDEO, TTS_PAD, TTS_BOS, TTS_EOS, *SPEAKERS.values()]
+                  IMAGE, VIDEO, TTS_PAD, TTS_BOS, TTS_EOS, *SPEAKERS.values(), VISION_PAD]
 
 # Qwen2.5-Omni's chat format: a message's content is a string or a list of parts; an audio
 # part is the <|AUDIO|> placeholder between its delimiters (the prompt builder widens it to
@@ -68,6 +69,7 @@ def token_ids(tokenizer: Tokenizer) -> TokenIds:
         vocab_size=VOCAB_SIZE, pad=id_of(PAD), im_end=id_of(IM_END), audio=id_of(AUDIO),
         audio_bos=id_of(AUDIO_BOS), audio_eos=id_of(AUDIO_EOS), image=id_of(IMAGE),
         video=id_of(VIDEO), vision_bos=id_of(VISION_BOS), vision_eos=id_of(VISION_EOS),
+        vision_pad=id_of(VISION_PAD),
         tts_pad=id_of(TTS_PAD), tts_bos=id_of(TTS_BOS), tts_eos=id_of(TTS_EOS), user=user[0])
 
 

@@ -1,0 +1,54 @@
+"""Qwen2.5-Omni's audio tower: the caller's 16 kHz audio to rows for the thinker's prompt.
+
+transformers' own `Qwen2_5OmniAudioEncoder` module, its weights loaded from the release
+(`thinker.audio_tower.*`), fed the release's Whisper log-mel features exactly as the
+reference processor makes them: padded to 30 s ("max_length"; the log-mel floor depends on
+the whole padded array), then only the frames of real audio kept. Longer audio is cut at 30 s,
+as the processor cuts it. One output row per 40 ms of audio.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import Qwen2_5OmniConfig, WhisperFeatureExtractor
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
+
+from pipeline.families.qwen25_omni.release import release_tensors
+
+SAMPLE_RATE = 16000
+INT16_SCALE = 32768.0
+
+
+class AudioTower:
+    """16 kHz mono audio -> (rows, thinker hidden) float32 audio features."""
+
+    def __init__(self, features: WhisperFeatureExtractor, encoder: Qwen2_5OmniAudioEncoder):
+        self.features = features
+        self.encoder = encoder
+
+    @classmethod
+    def load(cls, release: Path) -> AudioTower:
+        """The release's feature extractor and audio encoder (float32, eval)."""
+        thinker: Any = Qwen2_5OmniConfig.from_pretrained(release).thinker_config  # a sub-config
+        encoder = Qwen2_5OmniAudioEncoder._from_config(thinker.audio_config, dtype=torch.float32)
+        encoder.load_state_dict(release_tensors(release, "thinker.audio_tower."))
+        return cls(WhisperFeatureExtractor.from_pretrained(release), encoder.eval())
+
+    @torch.inference_mode()
+    def encode(self, audio: np.ndarray) -> torch.Tensor:
+        """The features of int16 (or float in [-1, 1]) 16 kHz mono audio."""
+        pcm = audio.reshape(-1)
+        if pcm.dtype == np.int16:
+            pcm = pcm.astype(np.float32) / INT16_SCALE
+        mel = self.features(pcm, sampling_rate=SAMPLE_RATE, padding="max_length",
+                            return_attention_mask=True, return_tensors="pt")
+        frames = mel["attention_mask"].sum(-1)  # (1,): the frames of real audio
+        features = mel["input_features"][0, :, : int(frames[0])]
+        after_cnn, _ = self.encoder._get_feat_extract_output_lengths(frames)
+        encoded = self.encoder(features, feature_lens=frames, aftercnn_lens=after_cnn)
+        rows: torch.Tensor = encoded.last_hidden_state
+        return rows

