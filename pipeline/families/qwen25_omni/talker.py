@@ -1,0 +1,157 @@
+"""The qwen25_omni family's Talker stage: Thinker rows to speech codes on one vLLM engine.
+
+The release's talker is converted once, at the stage's first start (talker_lm.py), and driven
+by the two-phase method (talker_steps.py). A turn's Talker jobs are its chunks, in order:
+request ids `call/turn/talker/<chunk>` share the turn's state (`TalkerTurn`), so each chunk's
+reply rows continue the same codec sequence. Codes are handed on in groups (`first_group`,
+then `group`). Many turns' step requests batch in the one engine; abort() ends the job's
+step in flight and every step after it.
+
+What a chunk says beyond the TalkerJob of today (`ChunkInfo`): how many leading rows of its
+embeddings are the Thinker's prompt part (first chunk), and whether the reply text ends with
+it. Until TalkerJob carries `prompt_rows` and `last`, every row is a reply row and every chunk
+ends its text: each chunk is then voiced as a turn of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline.engines.vllm import EngineSettings, VllmEngine
+from pipeline.families.qwen25_omni.talker_lm import (
+    TalkerExtras,
+    convert_talker,
+    load_lm_embedding,
+)
+from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn, speak
+from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
+from pipeline.stage import StageContext, TalkerJob, TalkerOutput
+
+FAMILY_DIR = "qwen25_omni"
+RELEASE_DIR = "release"  # the Qwen2.5-Omni checkpoint (Hugging Face layout)
+LM_DIR = "talker_lm"  # its talker, converted
+DEFAULT_VOICE = "Chelsie"  # the reference generate()'s default speaker, for voice "default"
+MAX_TURNS = 256  # turns whose state is kept between chunks at most (oldest dropped)
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """Where a Talker job sits in its turn."""
+
+    turn: str  # the request id without its chunk index
+    index: int
+    prompt_rows: int  # leading rows of the job's embeddings that are the prompt part
+    last: bool  # the reply text ends with this chunk
+
+
+def chunk_info(job: TalkerJob) -> ChunkInfo:
+    """The job's place in its turn, from its request id `call/turn/talker/<chunk>` and, once
+    TalkerJob has them, its `prompt_rows` and `last` fields."""
+    turn, _, index = job.request_id.rpartition("/")
+    position = int(index) if index.isdigit() else 0
+    return ChunkInfo(turn, position, int(getattr(job, "prompt_rows", 0)),
+                     bool(getattr(job, "last", True)))
+
+
+def lm_dir(ctx: StageContext) -> Path:
+    """The converted talker (setting `talker_lm`), converted from the release (setting
+    `release`) if it is not there yet."""
+    family = Path(ctx.models_dir) / FAMILY_DIR
+    out = Path(ctx.settings.get("talker_lm") or family / LM_DIR)
+    if not (out / "config.json").is_file():
+        release = Path(ctx.settings.get("release") or family / RELEASE_DIR)
+        if not (release / "config.json").is_file():
+            raise FileNotFoundError(f"no Qwen2.5-Omni release at {release} (config.json, "
+                                    f"model.safetensors, spk_dict.pt): build or copy it first")
+        convert_talker(release, out)
+    return out
+
+
+class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
+    """Talker on Qwen2.5-Omni's talker, converted, on stock vLLM."""
+
+    name = "talker"
+
+    async def start(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+        self.torch = TorchThread(self.name)
+        directory = await self.torch.run(lm_dir, ctx)
+        settings = {**ENGINE_DEFAULTS, "skip_tokenizer_init": True,
+                    **ctx.settings.get("engine", {}), "model": str(directory)}
+        self.engine = await VllmEngine.start(EngineSettings.from_mapping(settings))
+        self.extras = await self.torch.run(TalkerExtras.load, directory)
+        self.embedding = await self.torch.run(load_lm_embedding, directory)
+        self.sampling = StepSampling(
+            temperature=float(ctx.settings.get("temperature", 0.0)),
+            top_p=float(ctx.settings.get("top_p", 1.0)),
+            max_codes=int(ctx.settings.get("max_codes", StepSampling.max_codes)))
+        self.turns: dict[str, TalkerTurn] = {}  # by ChunkInfo.turn, oldest first
+        self.jobs: dict[str, TalkerTurn] = {}  # job request id -> its turn, while it runs
+
+    def stream(self, job: TalkerJob) -> AsyncIterator[TalkerOutput]:
+        return self.stream_chunk(job, chunk_info(job))
+
+    async def stream_chunk(self, job: TalkerJob, info: ChunkInfo) -> AsyncIterator[TalkerOutput]:
+        """Voice one chunk of a turn: feed its rows to the turn, then step while they last."""
+        turn = self._turn(info, self._voice(job.voice))
+        await self.torch.run(self._feed, turn, info, job)
+        rid, pending = job.request_id, []
+        size, later = max(1, job.first_group), max(1, job.group)
+        self.jobs[rid] = turn
+        try:
+            async with aclosing(speak(turn, self.engine, rid, self.sampling)) as codes:
+                async for code in codes:
+                    pending.append(code)
+                    if len(pending) >= size:
+                        yield TalkerOutput(rid, tokens=pending)
+                        pending, size = [], later
+        finally:
+            del self.jobs[rid]
+            if info.last or turn.aborted:  # a turn whose speech ended early stays: its
+                self.turns.pop(info.turn, None)  # later chunks say nothing, as in the reference
+        reason = "abort" if turn.aborted else "stop"
+        yield TalkerOutput(rid, tokens=pending, finished=True, finish_reason=reason)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        """End these jobs: no further step starts, and the step in flight is aborted."""
+        steps = []
+        for rid in request_ids:
+            if (turn := self.jobs.get(rid)) is not None:
+                turn.abort()
+                steps.extend([turn.step_id] if turn.step_id else [])
+        await self.engine.abort(steps)
+
+    def _turn(self, info: ChunkInfo, voice: str) -> TalkerTurn:
+        """The job's turn: a new one for a first chunk (or one whose turn state is gone)."""
+        turn = self.turns.get(info.turn)
+        if turn is None or info.index == 0:
+            turn = TalkerTurn(self.extras, self.embedding, voice)
+            self.turns.pop(info.turn, None)
+            self.turns[info.turn] = turn
+            while len(self.turns) > MAX_TURNS:  # turns cancelled between chunks
+                self.turns.pop(next(iter(self.turns)))
+        return turn
+
+    def _voice(self, voice: str) -> str:
+        """The release's voice for a job's: "default" is the setting `voice`, or Chelsie."""
+        if voice != "default":
+            return voice
+        voices = list(self.extras.text_bos)
+        return str(self.ctx.settings.get("voice") or
+                   (DEFAULT_VOICE if DEFAULT_VOICE in voices else voices[0]))
+
+    def _feed(self, turn: TalkerTurn, info: ChunkInfo, job: TalkerJob) -> None:
+        """Give the turn the job's rows (read in place, then released); in the torch thread."""
+        if job.text_embeds:
+            with self.ctx.read_tensors(job.text_embeds) as embeds:
+                rows = torch.as_tensor(embeds).to("cpu", torch.float32)  # projected anew below
+                if info.prompt_rows:
+                    turn.add_prompt(rows[:info.prompt_rows])
+                turn.add_reply(rows[info.prompt_rows:])
+        if info.last:
+            turn.end_text()
