@@ -24,6 +24,10 @@ once `lookahead_tokens` more tokens than the first group have arrived (with grou
 16: the first group's job voices none, the second's 8 tokens). A job with `more=False` could
 then also drop its turn's tokens at once; without it, turns age out of `max_turns`.
 
+Settings: `release` (a release directory; default: the built family's), `batch_window_s`,
+`max_batch`, `context_tokens`, `lookahead_tokens`, `max_turns`, and the reference's sampling
+arguments `num_steps`, `guidance_scale`, `sway_coefficient` (`sampler_settings`).
+
 The speakers come from the release's spk_dict.pt (`cond`, `ref_mel` per voice, as the
 reference reads them); a voice the release lacks gets its first speaker.
 """
@@ -36,6 +40,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,6 +55,7 @@ from pipeline.families.qwen25_omni.build import FAMILY, release_dir
 from pipeline.families.qwen25_omni.release import release_tensors
 from pipeline.families.qwen25_omni.token2wav_window import (
     CONTEXT_TOKENS,
+    SamplerSettings,
     Speaker,
     Window,
     WindowRenderer,
@@ -112,6 +118,16 @@ class TurnTokens:
         return window
 
 
+def sampler_settings(settings: dict[str, Any]) -> SamplerSettings:
+    """The reference's sampling arguments from the stage's settings (`num_steps`,
+    `guidance_scale`, `sway_coefficient`), its defaults for those not given: fewer ODE steps
+    trade fidelity to the reference for speed (each step is four DiT forwards)."""
+    defaults = SamplerSettings()
+    return SamplerSettings(int(settings.get("num_steps", defaults.num_steps)),
+                           float(settings.get("guidance_scale", defaults.guidance_scale)),
+                           float(settings.get("sway_coefficient", defaults.sway_coefficient)))
+
+
 def turn_of(request_id: str) -> str:
     """The turn a VoiceBox request belongs to: its id without the last `/` part."""
     return request_id.rpartition("/")[0]
@@ -126,7 +142,7 @@ class OmniVoiceBox(QueuedVoiceBox):
         release = Path(ctx.settings.get("release") or release_dir(Path(ctx.models_dir) / FAMILY))
         self.torch = TorchThread(self.name)
         model = await self.torch.run(load_token2wav, release)
-        self.renderer = WindowRenderer(model)
+        self.renderer = WindowRenderer(model, settings=sampler_settings(ctx.settings))
         self.speakers = load_speakers(release)
         self.window_s = float(ctx.settings.get("batch_window_s", BATCH_WINDOW_S))
         self.max_batch = int(ctx.settings.get("max_batch", MAX_BATCH))
