@@ -17,9 +17,8 @@ import pytest
 import torch
 from transformers import Qwen2_5OmniForConditionalGeneration
 
-from pipeline.families.qwen25_omni.build import build_qwen25_omni, release_dir
-from pipeline.families.qwen25_omni.talker import FAMILY_DIR, LM_DIR, ChunkInfo, OmniTalker
-from pipeline.families.qwen25_omni.talker_lm import convert_talker
+from pipeline.families.qwen25_omni.build import FAMILY, build_qwen25_omni, release_dir
+from pipeline.families.qwen25_omni.talker import ChunkInfo, OmniTalker
 from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn, speak
 from pipeline.shm import BlockPool
 from pipeline.stage import TalkerJob, TalkerOutput
@@ -37,11 +36,9 @@ PARITY = StepSampling(max_codes=STEPS, reference=True)  # greedy, only codec bos
 
 @pytest.fixture(scope="module")
 def family_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The models directory with the family built and its talker converted."""
+    """The models directory with the family built (the stage converts its talker)."""
     models = tmp_path_factory.mktemp("models")
-    family = build_qwen25_omni(models, progress=False)
-    if not (family / LM_DIR / "config.json").is_file():
-        convert_talker(release_dir(family), family / LM_DIR)
+    build_qwen25_omni(models, progress=False)
     return models
 
 
@@ -57,7 +54,7 @@ def _rows(seed: int, n: int, width: int) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def reference(family_models: Path) -> Qwen2_5OmniForConditionalGeneration:
-    release = release_dir(Path(family_models) / FAMILY_DIR)
+    release = release_dir(Path(family_models) / FAMILY)
     return Qwen2_5OmniForConditionalGeneration.from_pretrained(release, dtype=torch.float32).eval()
 
 
@@ -127,8 +124,11 @@ async def test_two_phase_driver_matches_the_reference_forward(
     expected, logits = _reference_steps(reference, prompt, reply, STEPS)
     assert not set(expected) & set(talker.extras.codec.stops), "the speech must last 40 steps"
 
+    # The Thinker gives a row for every token, its stop token included: the reference feeds
+    # none of the last one (its rows end one short, then text eos).
+    stop_row = _rows(3, 1, 128)
     turn = _turn(talker, prompt)
-    turn.add_reply(reply)
+    turn.add_reply(torch.cat([reply, stop_row]))
     turn.end_text()
     codes = await _speak(talker, turn, "parity/t1/talker/0", PARITY)
     assert codes == expected
@@ -147,13 +147,13 @@ async def test_two_phase_driver_matches_the_reference_forward(
     print_figure(BENCH, "max |log-prob difference| vs reference, 40 steps", worst * 1e6, "e-6")
     assert worst < LOGIT_TOLERANCE
 
-    # The same reply in two chunks: the steps wait after the first (one code per reply row),
-    # and the second continues the same sequence.
+    # The same reply in two chunks: the steps wait after the first (one code per reply row but
+    # the newest, which may be the stop token's), and the second continues the same sequence.
     chunked = _turn(talker, prompt)
     chunked.add_reply(reply[:4])
     first = await _speak(talker, chunked, "parity/t2/talker/0", PARITY)
-    assert first == expected[:4] and not chunked.speech_ended
-    chunked.add_reply(reply[4:])
+    assert first == expected[:3] and not chunked.speech_ended
+    chunked.add_reply(torch.cat([reply[4:], stop_row]))
     chunked.end_text()
     assert first + await _speak(talker, chunked, "parity/t2/talker/1", PARITY) == expected
 
@@ -175,7 +175,7 @@ async def test_stage_voices_a_turn_chunk_by_chunk_in_groups_and_batches_turns(
     prompt = _rows(3, PROMPT_ROWS, 128)
     replies = [_rows(4 + turn, REPLY_ROWS, 128) for turn in range(3)]
     solo = _turn(talker, prompt)
-    solo.add_reply(replies[0])
+    solo.add_reply(replies[0])  # its last row stands for the stop token's
     solo.end_text()
     alone = await _speak(talker, solo, "solo/t0/talker/0", talker.sampling)
 

@@ -8,9 +8,11 @@ then `group`). Many turns' step requests batch in the one engine; abort() ends t
 step in flight and every step after it.
 
 What a chunk says beyond the TalkerJob of today (`ChunkInfo`): how many leading rows of its
-embeddings are the Thinker's prompt part (first chunk), and whether the reply text ends with
-it. Until TalkerJob carries `prompt_rows` and `last`, every row is a reply row and every chunk
-ends its text: each chunk is then voiced as a turn of its own.
+embeddings are the Thinker's prompt part (the first chunk's: `ThinkerOutput.prompt_tokens` of
+the Thinker's first output with tokens), and whether the reply text ends with it (a last job
+may carry no rows when the text ended at a chunk's cut). Until TalkerJob carries `prompt_rows`
+and `last`, every row is a reply row and every chunk ends its text: each chunk is then voiced
+as a turn of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from pathlib import Path
 import torch
 
 from pipeline.engines.vllm import EngineSettings, VllmEngine
+from pipeline.families.qwen25_omni.build import FAMILY, release_dir
 from pipeline.families.qwen25_omni.talker_lm import (
+    LM_DIR,
     TalkerExtras,
     convert_talker,
     load_lm_embedding,
@@ -32,9 +36,6 @@ from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn,
 from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
 from pipeline.stage import StageContext, TalkerJob, TalkerOutput
 
-FAMILY_DIR = "qwen25_omni"
-RELEASE_DIR = "release"  # the Qwen2.5-Omni checkpoint (Hugging Face layout)
-LM_DIR = "talker_lm"  # its talker, converted
 DEFAULT_VOICE = "Chelsie"  # the reference generate()'s default speaker, for voice "default"
 MAX_TURNS = 256  # turns whose state is kept between chunks at most (oldest dropped)
 
@@ -59,16 +60,14 @@ def chunk_info(job: TalkerJob) -> ChunkInfo:
 
 
 def lm_dir(ctx: StageContext) -> Path:
-    """The converted talker (setting `talker_lm`), converted from the release (setting
-    `release`) if it is not there yet."""
-    family = Path(ctx.models_dir) / FAMILY_DIR
-    out = Path(ctx.settings.get("talker_lm") or family / LM_DIR)
+    """The converted talker: setting `talker_lm`, else the built family's talker_lm/, converted
+    here from the family's release when the build has not written it."""
+    if ctx.settings.get("talker_lm"):
+        return Path(ctx.settings["talker_lm"])
+    family = Path(ctx.models_dir) / FAMILY
+    out = family / LM_DIR
     if not (out / "config.json").is_file():
-        release = Path(ctx.settings.get("release") or family / RELEASE_DIR)
-        if not (release / "config.json").is_file():
-            raise FileNotFoundError(f"no Qwen2.5-Omni release at {release} (config.json, "
-                                    f"model.safetensors, spk_dict.pt): build or copy it first")
-        convert_talker(release, out)
+        convert_talker(release_dir(family), out)
     return out
 
 

@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from pipeline.families.build_support import write_json
 
+LM_DIR = "talker_lm"  # the converted talker's place in the family directory
 EXTRA_DIR = "talker_extra"
 SPEAKERS_FILE = "spk_dict.pt"  # the release's voices: name -> {"bos_token": text-bos id, ...}
 _TALKER = "talker."

@@ -13,8 +13,10 @@ exactly the talker's input, so one free-running request decodes to the end of sp
 Codec bos is suppressed and codec eos or pad ends the speech, as in the reference.
 
 A `TalkerTurn` keeps one turn's rows and codes across the Thinker's chunks: reply rows come as
-the Thinker writes them, and the steps wait (the driver returns) when they run out before the
-text has ended.
+the Thinker writes them, one per token, and the steps wait (the driver returns) when they run
+out before the text has ended. The newest reply row always waits for the next one: the
+reference never feeds the row of the reply's last token (the stop token, or the last one of a
+reply cut at its length); the text-eos row takes its place once the text ends.
 """
 
 from __future__ import annotations
@@ -74,9 +76,12 @@ class TalkerTurn:
         self.sides.extend(self.extras.side(rows))
 
     def end_text(self) -> None:
-        """The reply text is complete: the text-eos row follows its rows, then pad rows."""
+        """The reply text is complete: the text-eos row takes the place of its last token's
+        row, then pad rows follow."""
         if not self.text_ended:
             self.text_ended = True
+            if self.sides:
+                self.sides.pop()
             self.sides.append(self.extras.side(self.extras.text_eos.unsqueeze(0))[0])
 
     @property
@@ -91,7 +96,7 @@ class TalkerTurn:
             return None
         if not self.codes:
             return self._prefill()
-        if not self.sides and not self.text_ended:
+        if not self._ready():
             return None
         side = self.sides.popleft() if self.sides else None  # None: the pad row adds nothing
         row = self.embedding[self.codes[-1]]
@@ -106,11 +111,15 @@ class TalkerTurn:
         self.codes.append(code)
         return True
 
+    def _ready(self) -> int:
+        """Side rows the steps may feed now: all once the text ended, else all but the newest."""
+        return len(self.sides) if self.text_ended else max(0, len(self.sides) - 1)
+
     def _prefill(self) -> torch.Tensor | None:
         """The first step's rows: prompt part, text bos + codec pad, first reply + codec bos."""
-        if not self.sides or (self.text_ended and len(self.sides) == 1):
-            if self.text_ended:  # a reply without text: nothing to speak
-                self.speech_ended = True
+        if self.text_ended and len(self.sides) == 1:  # a reply of one token: nothing to speak
+            self.speech_ended = True
+        if self.speech_ended or not self._ready():
             return None
         codec, embed = self.extras.codec, self.embedding
         bos = self.extras.side(self.extras.text_bos[self.voice].unsqueeze(0))[0]
