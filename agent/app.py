@@ -28,6 +28,7 @@ from agent.api.realtime_ws import router as realtime_ws_router
 from agent.api.records_route import router as records_router
 from agent.api.signalling import router as signalling_router
 from agent.api.speech import router as speech_router
+from agent.api.transcription import router as transcription_router
 from agent.calls.call import Call, HandlerFactory
 from agent.calls.registry import CallRegistry, announce_stage_failures
 from agent.config import Settings
@@ -125,6 +126,7 @@ def create_app(
     app.include_router(models_router)
     app.include_router(chat_completions_router)
     app.include_router(speech_router)
+    app.include_router(transcription_router)
     app.include_router(metrics_router)
     app.mount("/", StaticFiles(directory=settings.web_dir, html=True), name="web")
     return app

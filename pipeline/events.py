@@ -23,6 +23,7 @@ class Turn:
     response_format: dict[str, Any] | None = None  # JSON schema: guided decoding, never dropped
     speak: bool = True  # False: the reply in text alone (no Talker, no VoiceBox, no audio)
     recite: str | None = None  # the reply is this text, voiced as written (speech synthesis)
+    transcribe: bool = False  # only hear `audio`: a Transcript, then TurnDone (no reply)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class ThinkerJob(msgspec.Struct, frozen=True, tag="thinker_job"):
     sampling: SamplingOptions | None = None  # the request's own choices (text completions)
     embeds: bool = True  # False: text only, nobody voices it (no embeddings for a Talker)
     recite: str | None = None  # the reply is this text, not the model's (speech synthesis)
+    transcribe: bool = False  # hear `audio` and answer nothing: its transcript alone
 
 
 class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):

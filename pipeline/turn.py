@@ -187,7 +187,7 @@ class TurnRun:
                 audio = await self.pool.put(turn.audio, self.settings.pool.put_timeout_s)
             job = ThinkerJob(self.request_id("thinker", 0), turn.messages, audio, turn.max_tokens,
                              turn.response_format, embeds=chunks is not None,
-                             recite=turn.recite)
+                             recite=turn.recite, transcribe=turn.transcribe)
             async with self._stream("thinker", job) as outputs:
                 async for out in outputs:
                     assert isinstance(out, ThinkerOutput)  # a stage answers its own jobs

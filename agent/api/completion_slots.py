@@ -12,9 +12,7 @@ from collections import Counter
 
 from fastapi.responses import JSONResponse
 
-from agent.api.openai_errors import openai_error
-
-RETRY_AFTER_S = 1  # a short completion ends within a second or two: try again soon
+from agent.api.openai_errors import BUSY_RETRY_S, openai_error
 
 
 class CompletionSlots:
@@ -41,4 +39,4 @@ class CompletionSlots:
         """The 429 for a request beyond the bound (take() said no)."""
         return openai_error(429, "too_many_requests", f"{self.limit} requests are already in "
                             f"flight on the {engine}'s engine; retry shortly",
-                            kind="rate_limit_error", **{"Retry-After": str(RETRY_AFTER_S)})
+                            kind="rate_limit_error", **{"Retry-After": str(BUSY_RETRY_S)})

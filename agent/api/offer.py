@@ -3,8 +3,6 @@ server-side form (`multipart/form-data` with an `sdp` part and a JSON `session` 
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -12,10 +10,10 @@ from typing import Any
 from openai.types.realtime import RealtimeSessionCreateRequest
 from pydantic import ValidationError
 
+from agent.api.form_data import MULTIPART, form_parts
 from media.sdp import SdpError, check_offer
 
 SDP = "application/sdp"
-MULTIPART = "multipart/form-data"
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,9 @@ def read_offer(content_type: str, body: bytes) -> Offer:
     if kind == SDP:
         return Offer(_sdp(body), None)
     if kind == MULTIPART:
-        parts = _form_parts(content_type, body)
+        parts = form_parts(content_type, body)
+        if parts is None:
+            raise OfferError(400, "invalid_request", "the multipart form could not be read")
         if "sdp" not in parts:
             raise OfferError(400, "invalid_request", "the form has no 'sdp' part")
         session = _session(parts["session"]) if "session" in parts else None
@@ -57,21 +57,6 @@ def _sdp(raw: bytes) -> str:
     except SdpError as exc:
         raise OfferError(400, "invalid_sdp", str(exc)) from None
     return offer
-
-
-def _form_parts(content_type: str, body: bytes) -> dict[str, bytes]:
-    """The named parts of a multipart/form-data body (the standard library's MIME parser)."""
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode("latin-1")
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    if not message.is_multipart():
-        raise OfferError(400, "invalid_request", "the multipart form could not be read")
-    parts: dict[str, bytes] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        payload = part.get_payload(decode=True)
-        if isinstance(name, str) and isinstance(payload, bytes):
-            parts[name] = payload
-    return parts
 
 
 def _session(raw: bytes) -> RealtimeSessionCreateRequest:

@@ -3,7 +3,15 @@ request field at fault, or null) and `code`, under `error`, as the `openai` SDK 
 
 from __future__ import annotations
 
+import logging
+
 from fastapi.responses import JSONResponse
+
+from pipeline.errors import PipelineBusyError, PipelineError, RequestFailedError
+
+log = logging.getLogger(__name__)
+BUSY_RETRY_S = 1  # a short request ends within a second or two: try again soon
+NOT_READY_RETRY_S = 5  # stages (re)starting take seconds
 
 
 def openai_error(status: int, code: str, message: str, *, param: str | None = None,
@@ -17,3 +25,20 @@ def model_not_found(model: str) -> JSONResponse:
     """404 for a model id (`name` or `name@version`) this server does not serve."""
     return openai_error(404, "model_not_found", f"The model {model!r} does not exist on this "
                         "server (GET /v1/models lists the ones it serves)", param="model")
+
+
+def pipeline_refusal(error: PipelineError, param: str) -> JSONResponse:
+    """The answer for model work the pipeline did not do: the request's fault (400 naming
+    `param`: a stage refused it with a ValueError), busy (429), a model failure (500), or the
+    stages not ready (503)."""
+    if isinstance(error, RequestFailedError) and error.reason.startswith("ValueError"):
+        return openai_error(400, "invalid_request", error.reason, param=param)
+    if isinstance(error, PipelineBusyError):
+        return openai_error(429, "too_many_requests", str(error), kind="rate_limit_error",
+                            **{"Retry-After": str(BUSY_RETRY_S)})
+    if isinstance(error, RequestFailedError):
+        log.error("model request failed: %r", error)
+        return openai_error(500, "model_error", f"the model failed: {error}",
+                            kind="server_error")
+    return openai_error(503, "not_ready", str(error), kind="server_error",
+                        **{"Retry-After": str(NOT_READY_RETRY_S)})

@@ -6,7 +6,7 @@ forbid fields they do not know.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -43,9 +43,12 @@ async def read_request(request: Request, model: type[M], max_bytes: int) -> M | 
         return openai_error(400, "invalid_request", str(exc), param=exc.param)
 
 
-def parse_body(model: type[M], body: bytes) -> M:
-    """The request, or BadRequest naming the first field at fault."""
+def parse_body(model: type[M], body: bytes | dict[str, Any]) -> M:
+    """The request (a JSON body, or a form's fields), or BadRequest naming the first field at
+    fault."""
     try:
+        if isinstance(body, dict):
+            return model.model_validate(body)
         return model.model_validate_json(body)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from agent.ops.readiness import Readiness
+from pipeline.families import load_family
 
 FIRST_VERSION = "1"
 OWNER = "omnivox"
@@ -40,6 +41,11 @@ class ServedModel:
             return int((self.models_dir / self.family / MANIFEST).stat().st_mtime)
         except OSError:
             return 0
+
+    @property
+    def recognises_speech(self) -> bool:
+        """Whether its family writes what a speaker said (transcriptions)."""
+        return bool(getattr(load_family(self.family), "RECOGNISES_SPEECH", False))
 
     def describe(self, readiness: Readiness) -> dict[str, Any]:
         """OpenAI's model object, with the version, whether it is the default and its

@@ -23,14 +23,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.api.completion_slots import RETRY_AFTER_S, CompletionSlots
+from agent.api.completion_slots import CompletionSlots
 from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
-from agent.api.openai_errors import model_not_found, openai_error
+from agent.api.openai_errors import model_not_found, pipeline_refusal
 from agent.api.request_body import read_request
 from agent.api.served_models import resolve
 from agent.api.speech_audio import FORMATS, SpeechEncoder
 from agent.calls.websocket_audio import WIRE_RATE, Resampler, pcm16
-from pipeline.errors import PipelineBusyError, PipelineError, RequestFailedError
 from pipeline.events import AudioChunk, Event, Turn, TurnDone, TurnFailed
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,6 @@ router = APIRouter()
 MAX_BODY_BYTES = 64 << 10
 MAX_INPUT_CHARS = 4096  # OpenAI's own bound
 ENGINE = "talker"  # the engine whose slots bound speech requests
-NOT_READY_RETRY_S = 5
 
 
 class VoiceId(BaseModel):
@@ -92,7 +90,8 @@ async def speech(request: Request) -> Response:
         return Response(status_code=CLIENT_GONE)
     if isinstance(first, TurnFailed):
         await run.close()
-        return refused(first.error)
+        reason = getattr(first.error, "reason", "")
+        return pipeline_refusal(first.error, "voice" if "voice" in reason else "input")
     if asked.stream_format == "sse":
         return RunStream(sse_events(run, first), run, "text/event-stream")
     return RunStream(audio_bytes(run, first, SpeechEncoder(asked.response_format)), run,
@@ -153,20 +152,3 @@ def usage_of(done: TurnDone) -> dict[str, int]:
 
 def sse(event: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
-
-
-def refused(error: PipelineError) -> Response:
-    """A request the models did not voice: the client's to fix (a voice the family lacks),
-    busy (429), or not ready (503)."""
-    if isinstance(error, RequestFailedError) and error.reason.startswith("ValueError"):
-        param = "voice" if "voice" in error.reason else "input"
-        return openai_error(400, "invalid_request", error.reason, param=param)
-    if isinstance(error, PipelineBusyError):
-        return openai_error(429, "too_many_requests", str(error), kind="rate_limit_error",
-                            **{"Retry-After": str(RETRY_AFTER_S)})
-    if isinstance(error, RequestFailedError):
-        log.error("speech refused: %r", error)
-        return openai_error(500, "model_error", f"the model failed: {error}",
-                            kind="server_error")
-    return openai_error(503, "not_ready", str(error), kind="server_error",
-                        **{"Retry-After": str(NOT_READY_RETRY_S)})

@@ -12,5 +12,7 @@ from pipeline.families.local.voicebox import LocalVoiceBox
 
 STAGES = {"thinker": LocalThinker, "talker": LocalTalker, "voicebox": LocalVoiceBox}
 build = build_local
+RECOGNISES_SPEECH = True  # its Thinker writes what the caller said (Whisper): transcriptions
 
-__all__ = ["STAGES", "LocalTalker", "LocalThinker", "LocalVoiceBox", "build", "build_local"]
+__all__ = ["RECOGNISES_SPEECH", "STAGES", "LocalTalker", "LocalThinker", "LocalVoiceBox", "build",
+           "build_local"]

@@ -1,11 +1,11 @@
 """The local family's Thinker stage: Whisper tiny.en hears, SmolLM2-135M-Instruct answers.
 
 A job with audio is transcribed first (in the stage's recognizer thread) and the transcript is
-yielded before anything else; it then joins the history as the new user message. The chat-
-templated history goes to vLLM as token ids and the reply streams back as text deltas. Greedy
-decoding by default: a 135M model rambles when sampled. Replies carry no embeddings (the local
-Talker speaks from text). Block ownership: this stage reads `job.audio` in place and releases
-it once heard.
+yielded before anything else (a `transcribe` job ends there); it then joins the history as the
+new user message. The chat-templated history goes to vLLM as token ids and the reply streams
+back as text deltas. Greedy decoding by default: a 135M model rambles when sampled. Replies
+carry no embeddings (the local Talker speaks from text). Block ownership: this stage reads
+`job.audio` in place and releases it once heard.
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
             if job.audio is not None:
                 transcript = await self.hearing.run(self._hear, job.audio)
                 yield ThinkerOutput(rid, transcript=transcript)
-                if not transcript:
-                    yield ThinkerOutput(rid, finished=True, finish_reason="no_speech")
+                if not transcript or job.transcribe:
+                    reason = "stop" if transcript else "no_speech"
+                    yield ThinkerOutput(rid, finished=True, finish_reason=reason)
                     return
                 messages.append({"role": "user", "content": transcript})
             prompt = await self.prompting.run(self.prompt_ids, messages, job.max_tokens)

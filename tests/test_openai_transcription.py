@@ -1,0 +1,111 @@
+"""`POST /v1/audio/transcriptions` (and `/v1/audio/speech` on real voices) through the official
+`openai` SDK against the real product on the local profile (Whisper tiny.en, the Piper voice):
+an espeak-ng question is transcribed from a WAV file in every response format, the server's own
+speech is understood when transcribed back (a round trip through two endpoints and two codecs),
+and what cannot be honoured is refused naming the field. The tiny family, which hears without
+writing down, refuses transcriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import wave
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import openai
+import pytest
+
+from tests.audio_fixtures import speech_wav, write_wav
+from tests.openai_clients import clients
+from tests.served import Served
+
+pytestmark = pytest.mark.engines
+
+QUESTION = "What is the capital of France?"
+SENTENCE = "The weather is sunny and warm today."
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate, case and punctuation aside."""
+    def words(text: str) -> str:
+        return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
+    return jiwer.wer(words(reference), words(hypothesis))
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = speech_wav(QUESTION, tmp_path_factory.mktemp("speech") / "question.wav",
+                      rate=16_000, pad_before_s=0.3, pad_after_s=0.3)
+    return path.read_bytes()
+
+
+async def test_a_spoken_question_is_transcribed_in_each_format(
+        local_server: Served, question_wav: bytes) -> None:
+    _, client = clients(local_server)
+    plain = await client.audio.transcriptions.create(model="local",
+                                                     file=("question.wav", question_wav))
+    assert wer(QUESTION, plain.text) <= 0.2, plain.text
+    assert plain.usage is not None and plain.usage.seconds == 3  # 2.4 s of speech and silence
+    text = await client.audio.transcriptions.create(
+        model="local", file=("question.wav", question_wav), response_format="text")
+    assert text.strip() == plain.text  # the same recogniser, greedy: the same words
+    verbose = await client.audio.transcriptions.create(
+        model="local@1", file=("question.wav", question_wav), response_format="verbose_json",
+        language="en")
+    assert verbose.text == plain.text and verbose.language == "english"
+    with wave.open(io.BytesIO(question_wav)) as wav:
+        seconds = wav.getnframes() / wav.getframerate()
+    assert verbose.duration == pytest.approx(seconds, abs=0.01)
+
+
+@pytest.mark.parametrize("response_format", ["mp3", "opus"])
+async def test_the_servers_own_speech_is_understood(local_server: Served,
+                                                    response_format: str) -> None:
+    """Spoken by /v1/audio/speech (the Piper voice), heard by /v1/audio/transcriptions."""
+    sync, client = clients(local_server)
+    spoken = (await asyncio.to_thread(
+        sync.audio.speech.create, model="local", voice="default", input=SENTENCE,
+        response_format=response_format)).content
+    heard = await client.audio.transcriptions.create(
+        model="local", file=(f"speech.{response_format}", spoken))
+    print(f"\n[speech -> transcription, {response_format}] {heard.text!r}")
+    assert wer(SENTENCE, heard.text) <= 0.2, heard.text
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"response_format": "srt"}, "response_format"),
+    ({"language": "fr"}, "language"),  # Whisper tiny.en hears English only
+    ({"prompt": "Earlier: Paris."}, "prompt"),  # refused rather than ignored
+    ({"temperature": "0.7"}, "temperature"),
+])
+async def test_what_cannot_be_honoured_is_refused(local_server: Served, question_wav: bytes,
+                                                  fields: dict, param: str) -> None:
+    _, client = clients(local_server)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.audio.transcriptions.create(model="local",
+                                                 file=("q.wav", question_wav), **fields)
+    assert refused.value.body["param"] == param, refused.value.body
+
+
+async def test_a_file_that_is_not_audio_or_too_long_is_refused(local_server: Served,
+                                                               tmp_path: Path) -> None:
+    _, client = clients(local_server)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.audio.transcriptions.create(model="local", file=("q.wav", b"not audio"))
+    assert refused.value.body["param"] == "file"
+    block = local_server.app.state.pipeline.settings.pool.block_size
+    long = write_wav(tmp_path / "long.wav", np.zeros(block // 2 + 16_000, np.int16), 16_000)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.audio.transcriptions.create(model="local", file=long)
+    assert refused.value.body["param"] == "file" and "longer than" in refused.value.message
+
+
+async def test_a_family_that_does_not_write_speech_down_refuses(tiny_server: Served,
+                                                                question_wav: bytes) -> None:
+    _, client = clients(tiny_server)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.audio.transcriptions.create(model="tiny", file=("q.wav", question_wav))
+    assert refused.value.body["param"] == "model"
