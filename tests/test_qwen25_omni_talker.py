@@ -45,7 +45,7 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 pool = pool_fixture("omnivox-omni-talker-test", block_count=16, block_size=1 << 20)
 talker = stage_fixture(OmniTalker, {"engine": {"max_model_len": 256,
                                                "kv_cache_memory_bytes": 32 * 2**20},
-                                    "max_codes": 48}, BENCH)
+                                    "max_codes": 48, "temperature": 0.0}, BENCH)
 
 
 def _rows(seed: int, n: int, width: int) -> torch.Tensor:
@@ -158,7 +158,8 @@ async def test_two_phase_driver_matches_the_reference_forward(
     assert first + await _speak(talker, chunked, "parity/t2/talker/1", PARITY) == expected
 
 
-async def _job(pool: BlockPool, request_id: str, rows: torch.Tensor, **kw: int) -> TalkerJob:
+async def _job(pool: BlockPool, request_id: str, rows: torch.Tensor, **kw: int | str
+               ) -> TalkerJob:
     return TalkerJob(request_id, "", text_embeds=[await pool.put(rows.numpy(), 1.0)], **kw)
 
 
@@ -209,3 +210,13 @@ async def test_abort_ends_every_step_of_the_job(talker: OmniTalker, pool: BlockP
     assert not first.finished and [out.finish_reason for out in rest] == ["abort"]
     assert len(first.tokens) + len(rest[0].tokens) < 30, "no step started after the abort"
     assert talker.turns == {} and talker.active_request_ids() == []
+
+
+async def test_an_unknown_voice_is_refused_and_its_block_freed(
+    talker: OmniTalker, pool: BlockPool
+) -> None:
+    held = pool.in_use
+    job = await _job(pool, "call8/t1/talker/0", _rows(8, 4, 128), voice="nobody")
+    with pytest.raises(ValueError, match="unknown voice 'nobody'"):
+        _ = [out async for out in talker.stream(job)]
+    assert pool.in_use == held and talker.turns == {} and talker.jobs == {}

@@ -85,9 +85,9 @@ class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
         self.engine = await VllmEngine.start(EngineSettings.from_mapping(settings))
         self.extras = await self.torch.run(TalkerExtras.load, directory)
         self.embedding = await self.torch.run(load_lm_embedding, directory)
-        self.sampling = StepSampling(
-            temperature=float(ctx.settings.get("temperature", 0.0)),
-            top_p=float(ctx.settings.get("top_p", 1.0)),
+        self.sampling = StepSampling(  # the reference's defaults (its top_k 40 and repetition
+            temperature=float(ctx.settings.get("temperature", 0.9)),  # penalty 1.05: not yet)
+            top_p=float(ctx.settings.get("top_p", 0.8)),
             max_codes=int(ctx.settings.get("max_codes", StepSampling.max_codes)))
         self.turns: dict[str, TalkerTurn] = {}  # by ChunkInfo.turn, oldest first
         self.jobs: dict[str, TalkerTurn] = {}  # job request id -> its turn, while it runs
@@ -97,12 +97,13 @@ class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
 
     async def stream_chunk(self, job: TalkerJob, info: ChunkInfo) -> AsyncIterator[TalkerOutput]:
         """Voice one chunk of a turn: feed its rows to the turn, then step while they last."""
-        turn = self._turn(info, self._voice(job.voice))
-        await self.torch.run(self._feed, turn, info, job)
         rid, pending = job.request_id, []
+        rows = await self.torch.run(self._rows, job)  # the job's blocks are released by now
+        turn = self._turn(info, self._voice(job.voice))
         size, later = max(1, job.first_group), max(1, job.group)
         self.jobs[rid] = turn
         try:
+            await self.torch.run(self._feed, turn, info, rows)
             async with aclosing(speak(turn, self.engine, rid, self.sampling)) as codes:
                 async for code in codes:
                     pending.append(code)
@@ -144,13 +145,19 @@ class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
         return str(self.ctx.settings.get("voice") or
                    (DEFAULT_VOICE if DEFAULT_VOICE in voices else voices[0]))
 
-    def _feed(self, turn: TalkerTurn, info: ChunkInfo, job: TalkerJob) -> None:
-        """Give the turn the job's rows (read in place, then released); in the torch thread."""
-        if job.text_embeds:
-            with self.ctx.read_tensors(job.text_embeds) as embeds:
-                rows = torch.as_tensor(embeds).to("cpu", torch.float32)  # projected anew below
-                if info.prompt_rows:
-                    turn.add_prompt(rows[:info.prompt_rows])
-                turn.add_reply(rows[info.prompt_rows:])
+    def _rows(self, job: TalkerJob) -> torch.Tensor | None:
+        """A copy of the job's rows (float32, CPU), its blocks released; in the torch thread."""
+        if not job.text_embeds:
+            return None
+        with self.ctx.read_tensors(job.text_embeds) as embeds:
+            return torch.as_tensor(embeds).to("cpu", torch.float32, copy=True)
+
+    @staticmethod
+    def _feed(turn: TalkerTurn, info: ChunkInfo, rows: torch.Tensor | None) -> None:
+        """Give the turn a chunk's rows, the prompt part first; in the torch thread."""
+        if rows is not None:
+            if info.prompt_rows:
+                turn.add_prompt(rows[:info.prompt_rows])
+            turn.add_reply(rows[info.prompt_rows:])
         if info.last:
             turn.end_text()
