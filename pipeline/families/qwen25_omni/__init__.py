@@ -5,9 +5,11 @@ Its stages read a Qwen2.5-Omni release directory (the real one, or the tiny rand
 """
 
 from pipeline.families.qwen25_omni.build import build_qwen25_omni
+from pipeline.families.qwen25_omni.talker import OmniTalker
 from pipeline.families.qwen25_omni.thinker import OmniThinker
+from pipeline.families.qwen25_omni.voicebox import OmniVoiceBox
 
-STAGES: dict = {"thinker": OmniThinker}  # the talker and voicebox join as they land
+STAGES = {"thinker": OmniThinker, "talker": OmniTalker, "voicebox": OmniVoiceBox}
 build = build_qwen25_omni
 
-__all__ = ["STAGES", "OmniThinker", "build", "build_qwen25_omni"]
+__all__ = ["STAGES", "OmniTalker", "OmniThinker", "OmniVoiceBox", "build", "build_qwen25_omni"]

@@ -2,7 +2,8 @@
 
 Layout under `<models_dir>/qwen25_omni/`: release/ (the tiny random release, when no real one
 is given: `release.write_tiny_release`), thinker_lm/ (the thinker's language model as a plain
-Qwen2ForCausalLM for vLLM: `thinker_lm`) and manifest.json, whose "release" field says where
+Qwen2ForCausalLM for vLLM: `thinker_lm`), talker_lm/ with its talker_extra/ (the talker converted
+for vLLM: `talker_lm`) and manifest.json, whose "release" field says where
 the release is: "release" (inside, tiny) or the absolute path of a real one, which is read
 where it lies and never copied. A build whose manifest still matches is skipped; otherwise it
 is rebuilt whole in a staging directory under a file lock (`build_support.build_once`).
@@ -24,12 +25,14 @@ from pipeline.families.build_support import (
     write_manifest,
 )
 from pipeline.families.qwen25_omni.release import check_release, write_tiny_release
+from pipeline.families.qwen25_omni.talker_lm import LM_DIR as TALKER_LM
+from pipeline.families.qwen25_omni.talker_lm import convert_talker
 from pipeline.families.qwen25_omni.thinker_lm import write_thinker_lm
 
 logger = logging.getLogger(__name__)
 
 FAMILY = "qwen25_omni"
-RECIPE = "qwen25-omni-1"  # bump when the build changes what it writes: old builds are rebuilt
+RECIPE = "qwen25-omni-2"  # bump when the build changes what it writes: old builds are rebuilt
 SEED = 2025
 TINY_RELEASE = "release"  # the tiny release's place inside the family directory
 THINKER_LM = "thinker_lm"
@@ -77,6 +80,7 @@ def _write_all(root: Path, release: Path | None, fields: dict, progress: bool) -
                       lambda: write_tiny_release(source, int(fields["seed"]))))
     steps += [
         ("thinker LM", lambda: write_thinker_lm(source, root / THINKER_LM)),
+        ("talker LM", lambda: convert_talker(source, root / TALKER_LM)),
         ("manifest", lambda: write_manifest(root, fields)),
     ]
     for name, step in tqdm(steps, desc="building qwen25_omni family", unit="step",
