@@ -11,15 +11,23 @@ the rows come from. One engine for the module, started by the stage.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import Qwen2_5OmniForConditionalGeneration
 
-from pipeline.families.qwen25_omni.build import FAMILY, build_qwen25_omni, release_dir
+from pipeline.families.qwen25_omni.build import (
+    FAMILY,
+    THINKER_LM,
+    build_qwen25_omni,
+    release_dir,
+)
 from pipeline.families.qwen25_omni.talker import ChunkInfo, OmniTalker
 from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn, speak
+from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
+from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
 from pipeline.shm import BlockPool
 from pipeline.stage import TalkerJob, TalkerOutput
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
@@ -157,6 +165,30 @@ async def test_two_phase_driver_matches_the_reference_forward(
     chunked.end_text()
     assert first + await _speak(talker, chunked, "parity/t2/talker/1", PARITY) == expected
 
+
+async def test_the_thinker_stages_rows_drive_it_as_the_reference_generate_does(
+    talker: OmniTalker, reference: Qwen2_5OmniForConditionalGeneration, family_models: Path
+) -> None:
+    """The Thinker stage's rows (`ThinkerStates`: one per token, the last one's included)
+    through the driver give the codes of the talker inputs the reference generate() builds
+    from its own thinker's hidden states."""
+    ids = torch.tensor([[5, 17, 33, 60, 12, 99, 41, 7]])
+    with torch.no_grad():
+        thought = reference.thinker.generate(
+            input_ids=ids, max_new_tokens=9, min_new_tokens=9, do_sample=False,
+            output_hidden_states=True, return_dict_in_generate=True)
+    fed = [step[-1][0] + step[0][0] for step in thought.hidden_states]  # final + embedding
+    expected, _ = _reference_steps(reference, fed[0], torch.cat(fed[1:]), 30)
+
+    states = ThinkerStates.load(Path(family_models) / FAMILY / THINKER_LM)
+    table = states.embed_table
+    replies, prompt_rows = states.open(ThinkerPrompt(ids[0].tolist(), table[ids[0]],
+                                                     torch.zeros(ids.shape[1], dtype=torch.bool)))
+    turn = _turn(talker, prompt_rows)
+    turn.add_reply(replies.step(thought.sequences[0, ids.shape[1]:].tolist()))
+    turn.end_text()
+    codes = await _speak(talker, turn, "parity/t3/talker/0", replace(PARITY, max_codes=30))
+    assert codes == expected
 
 async def _job(pool: BlockPool, request_id: str, rows: torch.Tensor, **kw: int | str
                ) -> TalkerJob:
