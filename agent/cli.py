@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     models = commands.add_parser("models", help="build or inspect model families")
     models_cmd = models.add_subparsers(dest="models_command", required=True)
     build = models_cmd.add_parser("build", help="build a family's models locally")
-    build.add_argument("family")
+    build.add_argument("family", help="a model family, or a profile (its family is built)")
     add_setting_flags(build, ("models_dir",))
 
     bench = commands.add_parser("bench", help="measure (figures printed and written as JSON)")
@@ -162,15 +162,17 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def build_models(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.profiles import load_profiles
     from pipeline.families import load_family
     from pipeline.models import build_family
 
+    family = str(load_profiles().get(args.family, {}).get("family", args.family))
     try:
-        load_family(args.family)
+        load_family(family)
     except ValueError as exc:
         raise CommandLineError(str(exc)) from None
-    build_family(args.family, str(settings.models_dir))
-    print(f"omnivox: {args.family} models ready in {settings.models_dir / args.family}")
+    build_family(family, str(settings.models_dir))
+    print(f"omnivox: {family} models ready in {settings.models_dir / family}")
     return 0
 
 
