@@ -14,13 +14,16 @@ thinker's forward() over the prompt and the recited tokens (teacher forcing).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
 
+from pipeline.families.build_support import read_manifest
 from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni, release_dir
 from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.thinker import OmniThinker
@@ -187,3 +190,42 @@ def test_check_release_refuses_absent_and_wrong_directories(
         check_release(family / THINKER_LM)  # a plain Qwen2 LM directory
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         check_release(tmp_path)
+
+
+def test_a_sharded_release_builds_the_same_thinker_lm(family_models: Path, tmp_path: Path) -> None:
+    """A real release is sharded and read where it lies: the tiny release split into three
+    shards (with an index, as the published one) gives the same thinker LM, tensor for tensor."""
+    tiny = family_models / "qwen25_omni"
+    sharded = _sharded_copy(release_dir(tiny), tmp_path / "sharded-release", parts=3)
+    family = build_qwen25_omni(tmp_path / "models", progress=False, release=sharded)
+    assert read_manifest(family)["release"] == str(sharded.resolve())
+    assert release_dir(family) == sharded.resolve()
+    assert (family / THINKER_LM / "model.safetensors.index.json").is_file()
+    assert _lm_tensors(family / THINKER_LM).keys() == _lm_tensors(tiny / THINKER_LM).keys()
+    for name, tensor in _lm_tensors(tiny / THINKER_LM).items():
+        assert torch.equal(_lm_tensors(family / THINKER_LM)[name], tensor), name
+    assert (json.loads((family / THINKER_LM / "config.json").read_text())
+            == json.loads((tiny / THINKER_LM / "config.json").read_text()))
+
+
+def _sharded_copy(release: Path, out: Path, parts: int) -> Path:
+    """The release with its weights split into `parts` shards and an index."""
+    shutil.copytree(release, out, ignore=shutil.ignore_patterns("model.safetensors"))
+    tensors = load_file(release / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for part in range(parts):
+        shard = f"model-{part + 1:05d}-of-{parts:05d}.safetensors"
+        chunk = names[part::parts]
+        save_file({name: tensors[name] for name in chunk}, out / shard)
+        weight_map |= dict.fromkeys(chunk, shard)
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return out
+
+
+def _lm_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(directory.glob("*.safetensors")):
+        tensors |= load_file(shard)
+    return tensors
