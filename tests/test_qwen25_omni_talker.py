@@ -11,6 +11,7 @@ the rows come from. One engine for the module, started by the stage.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -210,7 +211,10 @@ async def test_stage_voices_a_turn_chunk_by_chunk_in_groups_and_batches_turns(
     solo = _turn(talker, prompt)
     solo.add_reply(replies[0])  # its last row stands for the stop token's
     solo.end_text()
+    began = time.perf_counter()
     alone = await _speak(talker, solo, "solo/t0/talker/0", talker.sampling)
+    print_figure(BENCH, f"one turn alone: {len(alone)} codes ({REPLY_ROWS} one-step requests, "
+                 "then one free-running)", len(alone) / (time.perf_counter() - began), "codes/s")
 
     async def turn(index: int) -> list[TalkerOutput]:
         base = f"call{index}/t1/talker"
