@@ -172,6 +172,22 @@ async def test_recited_reply_rows_match_transformers_teacher_forced(
     assert rows.shape == ref_rows.shape and diff <= ROWS_ATOL
 
 
+async def test_stream_closed_midway_leaves_no_request_and_no_block(
+    thinker: OmniThinker, pool: BlockPool
+) -> None:
+    held_before = pool.in_use
+    job = ThinkerJob("call1/turn4/thinker", MESSAGES, audio=pool.write(_utterance(1.0), 1.0),
+                     max_tokens=STEPS)
+    stream = thinker.stream(job)
+    for _ in range(3):
+        out = await anext(stream)
+        if out.embeds is not None:
+            pool.release(out.embeds)
+    await stream.aclose()
+    assert thinker.active_request_ids() == []
+    assert pool.in_use == held_before, "the audio block was released once encoded"
+
+
 async def test_text_only_job_sends_no_rows(thinker: OmniThinker, pool: BlockPool) -> None:
     job = ThinkerJob("call1/turn2/thinker", MESSAGES, max_tokens=4, embeds=False)
     outputs = [out async for out in thinker.stream(job)]
