@@ -1,0 +1,16 @@
+"""The orpheus model family: an Orpheus Llama Talker on vLLM and a SNAC 24 kHz VoiceBox.
+
+The Talker speaks the Thinker's text from token-id prompts; its audio ids become SNAC codes,
+handed on in windows of whole 7-token frames that the VoiceBox decodes with left context and
+lookahead. The Thinker is, for now, the tiny family's (see build.py).
+"""
+
+from pipeline.families.orpheus.build import build_orpheus
+from pipeline.families.orpheus.talker import OrpheusTalker
+from pipeline.families.orpheus.voicebox import SnacVoiceBox
+from pipeline.families.tiny import TinyThinker
+
+STAGES = {"thinker": TinyThinker, "talker": OrpheusTalker, "voicebox": SnacVoiceBox}
+build = build_orpheus
+
+__all__ = ["STAGES", "OrpheusTalker", "SnacVoiceBox", "build", "build_orpheus"]
