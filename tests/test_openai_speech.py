@@ -23,6 +23,7 @@ import pytest
 
 from agent.api.speech import ENGINE
 from pipeline.events import Event, Turn
+from tests.metrics_samples import Samples, grew, scrape
 from tests.openai_clients import clients
 from tests.product_calls import held_request_ids, wait_until
 from tests.served import Served
@@ -156,3 +157,23 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_turn(
             break
         await asyncio.sleep(0.1)
     assert await held_request_ids(tiny_server) == []
+
+
+async def test_answers_are_counted_and_timed_in_metrics(tiny_server: Served) -> None:
+    _, client = clients(tiny_server)
+    before = await scrape(tiny_server.url)
+    spoken = await client.audio.speech.create(model="tiny", voice="default", input="Hi there.",
+                                              response_format="pcm")
+    assert len(spoken.content) > 0
+    with pytest.raises(openai.BadRequestError):
+        await client.audio.speech.create(model="tiny", voice="nobody", input="Hi there.")
+    after = await scrape(tiny_server.url)
+    def answered(samples: Samples, status: str) -> float:  # a status first seen has no sample
+        labels = frozenset({("endpoint", "speech"), ("status", status)})
+        return samples.get(("omnivox_model_requests_total", labels), 0.0)
+
+    assert answered(after, "200") - answered(before, "200") == 1
+    assert answered(after, "400") - answered(before, "400") == 1
+    latency = "omnivox_model_answer_latency_seconds"
+    assert grew(before, after, f"{latency}_count", endpoint="speech") == 2
+    assert grew(before, after, f"{latency}_sum", endpoint="speech") > 0

@@ -21,6 +21,7 @@ from agent.api.chat_request import ChatCompletionRequest
 from agent.api.chat_response import DONE, Completion, finish_reason, sse
 from agent.api.chat_tools import Answer, read_answer
 from agent.api.completion_slots import CompletionSlots
+from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
 from agent.api.openai_errors import (
     BUSY_RETRY_S,
@@ -51,6 +52,7 @@ REQUEST_ERRORS = ("VLLMValidationError", "ValueError")
 
 
 @router.post("/v1/chat/completions", response_model=None)
+@measured("chat_completions")
 async def chat_completions(request: Request) -> Response:
     """A chat completion from the Thinker of the model named."""
     chat = await read_request(request, ChatCompletionRequest, MAX_BODY_BYTES)

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent.api.completion_slots import CompletionSlots
+from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
 from agent.api.openai_errors import model_not_found, pipeline_refusal
 from agent.api.request_body import read_request
@@ -71,6 +72,7 @@ class SpeechRequest(BaseModel):
 
 
 @router.post("/v1/audio/speech", response_model=None)
+@measured("speech")
 async def speech(request: Request) -> Response:
     """The input text as audio in the format asked for, streamed as it is rendered."""
     asked = await read_request(request, SpeechRequest, MAX_BODY_BYTES)

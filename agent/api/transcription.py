@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent.api.completion_slots import CompletionSlots
 from agent.api.form_data import MULTIPART, form_parts
+from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, unless_gone
 from agent.api.openai_errors import model_not_found, openai_error, pipeline_refusal
 from agent.api.request_body import BadRequest, parse_body
@@ -49,6 +50,7 @@ class TranscriptionRequest(BaseModel):
 
 
 @router.post("/v1/audio/transcriptions", response_model=None)
+@measured("transcriptions")
 async def transcriptions(request: Request) -> Response:
     """The text of the uploaded speech."""
     form = await read_form(request)

@@ -41,6 +41,7 @@ OUTCOMES = ("completed", "cancelled", "failed")
 REFUSALS = ("not_ready", "too_many_calls", "negotiation_timeout")
 DROPS = ("connect_timeout", "connection_failed")
 CANCELS = ("turn_detected", "client_cancelled")  # barge-in; response.cancel or a client cut
+MODEL_ENDPOINTS = ("chat_completions", "speech", "transcriptions")
 
 
 class Metrics:
@@ -68,6 +69,14 @@ class Metrics:
                                  registry=r)
         self.cancels = Counter("omnivox_cancels", "Replies cancelled while generating",
                                ["reason"], registry=r)
+        self.model_requests = Counter(
+            "omnivox_model_requests", "OpenAI-style model requests answered (chat completions, "
+            "speech, transcriptions), by endpoint and HTTP status", ["endpoint", "status"],
+            registry=r)
+        self.model_answer_latency = Histogram(
+            "omnivox_model_answer_latency_seconds", "From a model request's arrival to its "
+            "answer's start (for a streamed answer: its first output)", ["endpoint"],
+            buckets=LATENCY_BUCKETS, registry=r)
         self.loop_lag = Histogram(
             "omnivox_event_loop_lag_seconds", "How late the API process's event loop woke a "
             "periodic sleep", buckets=LAG_BUCKETS, registry=r)
@@ -85,6 +94,8 @@ class Metrics:
             self.cancels.labels(reason)
         for stage in STAGE_MARKS:
             self.stage_latency.labels(stage)
+        for endpoint in MODEL_ENDPOINTS:
+            self.model_answer_latency.labels(endpoint)
 
     def track(self, active_calls: Callable[[], int], pipeline: Any | None) -> None:
         """Read the live call count and (when there is one) the pipeline's state at scrape
@@ -108,6 +119,10 @@ class Metrics:
         for stage, mark in STAGE_MARKS.items():
             if usage and usage.get(mark) is not None:
                 self.stage_latency.labels(stage).observe(usage[mark])
+
+    def model_request(self, endpoint: str, status: int, seconds: float) -> None:
+        self.model_requests.labels(endpoint, str(status)).inc()
+        self.model_answer_latency.labels(endpoint).observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
