@@ -47,18 +47,20 @@ def write_snac(directory: Path, config: dict[str, Any], seed: int) -> None:
 class SnacDecoder:
     """A SNAC model in eval mode that renders decode windows."""
 
-    def __init__(self, model: SNAC) -> None:
-        self.model = model.eval()
+    def __init__(self, model: SNAC, device: str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.model = model.eval().to(self.device)
         self.sample_rate = int(model.sampling_rate)
         # codebook 0 has one code per frame: a frame is its stride in latent steps
         self.samples_per_frame = int(model.hop_length) * int(model.vq_strides[0])
 
     @classmethod
-    def load(cls, directory: Path) -> SnacDecoder:
-        """Load config.json and pytorch_model.bin from a model directory (no hub)."""
+    def load(cls, directory: Path, device: str = "cpu") -> SnacDecoder:
+        """Load config.json and pytorch_model.bin from a model directory (no hub), onto
+        `device` ("cuda" on a GPU host)."""
         if not (directory / "config.json").is_file():
             raise FileNotFoundError(f"no SNAC model at {directory} (config.json missing)")
-        return cls(SNAC.from_pretrained(str(directory)))
+        return cls(SNAC.from_pretrained(str(directory)), device)
 
     @torch.inference_mode()
     def decode(self, frames: torch.Tensor) -> torch.Tensor:
@@ -74,7 +76,8 @@ class SnacDecoder:
         audio: list[torch.Tensor] = [torch.empty(0)] * len(windows)
         step = self.samples_per_frame
         for indices in by_length.values():
-            batch = torch.tensor([windows[i].frames for i in indices], dtype=torch.long)
+            batch = torch.tensor([windows[i].frames for i in indices], dtype=torch.long,
+                                 device=self.device)
             for row, index in zip(self.decode(batch), indices, strict=True):
                 window = windows[index]
                 audio[index] = row[window.context * step:(window.context + window.voiced) * step]

@@ -2,7 +2,8 @@
 
 Each job's tokens are one decode window (`windows.Window`); jobs from concurrent requests
 gather for a few milliseconds, as in the tiny VoiceBox, and windows of one length decode in one
-forward. Each job's voiced audio is written into the pool block leased for it.
+forward. Each job's voiced audio is written into the pool block leased for it. The `device`
+setting puts SNAC on a GPU ("cuda"); the audio still goes through the pool.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class SnacVoiceBox(TinyVoiceBox):
 
     async def start(self, ctx: StageContext) -> None:
         self.torch = TorchThread(self.name)
-        self.snac = await self.torch.run(SnacDecoder.load, model_dir(ctx, "snac"))
+        self.snac = await self.torch.run(SnacDecoder.load, model_dir(ctx, "snac"),
+                                         str(ctx.settings.get("device", "cpu")))
         self.window = float(ctx.settings.get("batch_window_s", BATCH_WINDOW_S))
         self.max_batch = int(ctx.settings.get("max_batch", MAX_BATCH))
         self.forward_calls = 0
