@@ -18,6 +18,7 @@ cannot read) are kept in the chunk as they are, in order, for the Talker job to 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ class Piece:
     token_ids: tuple[int, ...] = ()
     # (len(token_ids), hidden): an array, or a CUDA IPC export of one (read only by the Talker)
     embeds: np.ndarray | CudaIpcRef | None = None
+    prompt_rows: int = 0  # leading rows of embeds that are the Thinker's prompt part
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Chunk:
     # The tokens' embeddings in order: arrays of consecutive pieces joined into one, CUDA IPC
     # exports as they came (joined along dim 0 by the Talker).
     parts: tuple[np.ndarray | CudaIpcRef, ...] = ()
+    prompt_rows: int = 0  # leading rows of the parts that are the Thinker's prompt part
+    last: bool = False  # the reply's last chunk (a closing flush marks it)
 
     @property
     def embeds(self) -> np.ndarray | None:
@@ -78,8 +82,11 @@ class ClauseChunker:
         self._text += piece.text
         return chunk
 
-    def flush(self) -> Chunk | None:
-        """The last chunk (at the end of the reply), if any text is pending."""
+    def flush(self, closing: bool = False) -> Chunk | None:
+        """The last chunk (at the end of the reply), if any text is pending. `closing`: always
+        one, marked last, even with no text (its pieces' rows, a stop token's, still count)."""
+        if closing:
+            return dataclasses.replace(self._cut(), last=True)
         return self._cut() if self._text.strip() else None
 
     def _cuts_before(self, following: str) -> bool:
@@ -113,6 +120,7 @@ class ClauseChunker:
             end=self._start + len(text),
             token_ids=tuple(t for p in pieces for t in p.token_ids),
             parts=_join_arrays(pieces),
+            prompt_rows=sum(p.prompt_rows for p in pieces),
         )
         self._pieces, self._text = [], ""
         self._start, self._index = chunk.end, self._index + 1

@@ -58,6 +58,9 @@ class CascadeSettings(BaseModel):
     first_group: int = Field(4, ge=1, description="speech tokens in the first VoiceBox group")
     group: int = Field(16, ge=1, description="speech tokens in each later group")
     context_tokens: int = Field(256, ge=0, description="earlier speech tokens given the Talker")
+    closing_chunk: bool = Field(
+        False, description="mark a reply's last Talker job, and send one even when no text is "
+        "left (a Talker that carries a turn's state across chunks: qwen25_omni)")
 
 
 class PipelineSettings(BaseModel):

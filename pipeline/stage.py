@@ -59,6 +59,9 @@ class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):
     finished: bool = False
     finish_reason: str | None = None
     prompt_tokens: int = 0  # the request's prompt length (usage), once known
+    # Leading rows of `embeds` that are the prompt's, not these tokens' (a family whose Talker
+    # reads the Thinker's prompt part sends them once, with its first tokens).
+    prompt_rows: int = 0
 
 
 class TalkerJob(msgspec.Struct, frozen=True, tag="talker_job"):
@@ -73,6 +76,8 @@ class TalkerJob(msgspec.Struct, frozen=True, tag="talker_job"):
     voice: str = "default"
     first_group: int = 4  # tokens in the first group handed on (fast start)
     group: int = 16  # tokens per later group
+    prompt_rows: int = 0  # leading rows of text_embeds that are the Thinker's prompt part
+    last: bool = False  # the reply ends with this chunk (cascade.closing_chunk: always marked)
 
 
 class TalkerOutput(msgspec.Struct, frozen=True, tag="talker_out"):

@@ -204,9 +204,10 @@ class TurnRun:
                         await self._emit(TextDelta(turn.turn_id, out.text))
                     if chunks is None:
                         continue
-                    if chunk := chunker.feed(Piece(out.text, tuple(out.token_ids), embeds)):
+                    piece = Piece(out.text, tuple(out.token_ids), embeds, out.prompt_rows)
+                    if chunk := chunker.feed(piece):
                         await chunks.put(chunk)
-            if chunks is not None and (chunk := chunker.flush()):
+            if chunks is not None and (chunk := chunker.flush(cascade.closing_chunk)):
                 await chunks.put(chunk)
         finally:
             self.pool.release_unless_taken(audio)  # the Thinker releases it once it read it
@@ -234,7 +235,7 @@ class TurnRun:
                     job = TalkerJob(self.request_id("talker", chunk.index), chunk.text, pieces,
                                     context, self.turn.voice,
                                     cascade.first_group if chunk.index == 0 else cascade.group,
-                                    cascade.group)
+                                    cascade.group, chunk.prompt_rows, chunk.last)
                     on_sent = functools.partial(sent.append, True)
                     async with self._stream("talker", job, on_sent) as outputs:
                         index = 0

@@ -69,3 +69,23 @@ def test_chunks_tile_the_reply(pieces: list[str], growth: float | None) -> None:
         assert chunk.text.strip()
         position = chunk.end
     assert not text[position:].strip()  # only trailing whitespace is left unvoiced
+
+
+def test_a_closing_flush_always_ends_the_reply_with_a_marked_chunk() -> None:
+    """For a Talker that carries a turn's state across chunks: the prompt part's rows stay with
+    the first chunk, the last chunk is marked and carries the stop token's row (no text), and
+    a reply with nothing left still ends with a marked, empty chunk."""
+    chunker = ClauseChunker(first_chars=4)
+    prompt_and_first = np.zeros((3, 4), np.float32)  # 2 prompt rows, then "Hello"'s
+    assert chunker.feed(Piece("Hello", (0,), prompt_and_first, prompt_rows=2)) is None
+    first = chunker.feed(Piece(" there.", (1,), np.ones((1, 4), np.float32)))
+    assert first is not None and first.prompt_rows == 2 and not first.last
+    assert first.embeds is not None and len(first.embeds) == 3
+    assert chunker.feed(Piece("", (9,), np.full((1, 4), 9, np.float32))) is None  # stop token
+    last = chunker.flush(closing=True)
+    assert last is not None and last.last and last.text == " there."
+    assert last.token_ids == (1, 9) and last.prompt_rows == 0
+    assert last.embeds is not None and last.embeds[:, 0].tolist() == [1, 9]
+    assert ClauseChunker().flush() is None
+    empty = ClauseChunker().flush(closing=True)
+    assert empty is not None and empty.last and empty.parts == () and empty.text == ""

@@ -25,7 +25,7 @@ from pipeline.families.qwen25_omni.build import (
     build_qwen25_omni,
     release_dir,
 )
-from pipeline.families.qwen25_omni.talker import ChunkInfo, OmniTalker
+from pipeline.families.qwen25_omni.talker import OmniTalker
 from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn, speak
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
 from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
@@ -191,15 +191,14 @@ async def test_the_thinker_stages_rows_drive_it_as_the_reference_generate_does(
     codes = await _speak(talker, turn, "parity/t3/talker/0", replace(PARITY, max_codes=30))
     assert codes == expected
 
-async def _job(pool: BlockPool, request_id: str, rows: torch.Tensor, **kw: int | str
+async def _job(pool: BlockPool, request_id: str, rows: torch.Tensor, **kw: int | str | bool
                ) -> TalkerJob:
     return TalkerJob(request_id, "", text_embeds=[await pool.put(rows.numpy(), 1.0)], **kw)
 
 
-async def _chunks(talker: OmniTalker, jobs: list[tuple[TalkerJob, ChunkInfo]]
-                  ) -> list[TalkerOutput]:
+async def _chunks(talker: OmniTalker, jobs: list[TalkerJob]) -> list[TalkerOutput]:
     """A turn's chunks through the stage, one after the other, as the cascade sends them."""
-    return [out for job, info in jobs async for out in talker.stream_chunk(job, info)]
+    return [out for job in jobs async for out in talker.stream(job)]
 
 
 async def test_stage_voices_a_turn_chunk_by_chunk_in_groups_and_batches_turns(
@@ -219,10 +218,10 @@ async def test_stage_voices_a_turn_chunk_by_chunk_in_groups_and_batches_turns(
     async def turn(index: int) -> list[TalkerOutput]:
         base = f"call{index}/t1/talker"
         head = await _job(pool, f"{base}/0", torch.cat([prompt, replies[index][:3]]),
-                          first_group=2, group=8)
-        tail = await _job(pool, f"{base}/1", replies[index][3:], first_group=8, group=8)
-        return await _chunks(talker, [(head, ChunkInfo(base, 0, PROMPT_ROWS, False)),
-                                      (tail, ChunkInfo(base, 1, 0, True))])
+                          first_group=2, group=8, prompt_rows=PROMPT_ROWS)
+        tail = await _job(pool, f"{base}/1", replies[index][3:], first_group=8, group=8,
+                          last=True)
+        return await _chunks(talker, [head, tail])
 
     outputs = await asyncio.gather(*(turn(index) for index in range(3)))
     codes = [[code for out in outs for code in out.tokens] for outs in outputs]
@@ -238,7 +237,8 @@ async def test_stage_voices_a_turn_chunk_by_chunk_in_groups_and_batches_turns(
 
 
 async def test_abort_ends_every_step_of_the_job(talker: OmniTalker, pool: BlockPool) -> None:
-    job = await _job(pool, "call9/t1/talker/0", _rows(9, 30, 128), first_group=2, group=2)
+    job = await _job(pool, "call9/t1/talker/0", _rows(9, 30, 128), first_group=2, group=2,
+                     last=True)
     stream = talker.stream(job)
     first = await anext(stream)  # the first group: the job is between steps of phase 1
     await talker.abort([job.request_id])
@@ -252,7 +252,7 @@ async def test_an_unknown_voice_is_refused_and_its_block_freed(
     talker: OmniTalker, pool: BlockPool
 ) -> None:
     held = pool.in_use
-    job = await _job(pool, "call8/t1/talker/0", _rows(8, 4, 128), voice="nobody")
+    job = await _job(pool, "call8/t1/talker/0", _rows(8, 4, 128), voice="nobody", last=True)
     with pytest.raises(ValueError, match="unknown voice 'nobody'"):
         _ = [out async for out in talker.stream(job)]
     assert pool.in_use == held and talker.turns == {} and talker.jobs == {}

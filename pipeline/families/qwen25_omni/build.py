@@ -32,7 +32,7 @@ from pipeline.families.qwen25_omni.thinker_lm import write_thinker_lm
 logger = logging.getLogger(__name__)
 
 FAMILY = "qwen25_omni"
-RECIPE = "qwen25-omni-2"  # bump when the build changes what it writes: old builds are rebuilt
+RECIPE = "qwen25-omni-3"  # bump when the build changes what it writes: old builds are rebuilt
 SEED = 2025
 TINY_RELEASE = "release"  # the tiny release's place inside the family directory
 THINKER_LM = "thinker_lm"

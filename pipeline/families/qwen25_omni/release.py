@@ -37,6 +37,12 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 REF_MEL_FRAMES = 30  # the tiny speakers' reference mel length
 
 
+# The tiny BigVGAN's random convolutions shrink the signal at each layer: its output peaked at
+# 2.6e-8 (RMS 6e-9, 40 random codes). Its last convolution, which has no bias, is scaled so
+# the noise peaks near a quarter of full scale and a caller hears the reply.
+BIGVGAN_GAIN = 1e7
+
+
 def write_tiny_release(directory: Path, seed: int) -> None:
     """Write a tiny Qwen2.5-Omni release (random weights from `seed`) into `directory`."""
     directory = Path(directory)
@@ -46,6 +52,8 @@ def write_tiny_release(directory: Path, seed: int) -> None:
     config = tiny_config(ids)
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    with torch.no_grad():  # random weights speak at ~1e-8 of full scale: make the noise heard
+        model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(BIGVGAN_GAIN)
     model.generation_config = GenerationConfig(eos_token_id=[ids.im_end, ids.pad],
                                                pad_token_id=ids.pad)
     model.save_pretrained(directory)

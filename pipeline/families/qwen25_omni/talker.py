@@ -7,12 +7,11 @@ reply rows continue the same codec sequence. Codes are handed on in groups (`fir
 then `group`). Many turns' step requests batch in the one engine; abort() ends the job's
 step in flight and every step after it.
 
-What a chunk says beyond the TalkerJob of today (`ChunkInfo`): how many leading rows of its
-embeddings are the Thinker's prompt part (the first chunk's: `ThinkerOutput.prompt_tokens` of
-the Thinker's first output with tokens), and whether the reply text ends with it (a last job
-may carry no rows when the text ended at a chunk's cut). Until TalkerJob carries `prompt_rows`
-and `last`, every row is a reply row and every chunk ends its text: each chunk is then voiced
-as a turn of its own.
+Each job says how many leading rows of its embeddings are the Thinker's prompt part
+(`TalkerJob.prompt_rows`: the first chunk's) and whether the reply text ends with it
+(`TalkerJob.last`; such a job may carry no text, only a stop token's row, or nothing). The
+family's profiles therefore set `cascade.closing_chunk`, which marks and always sends the last
+job: without it, a turn's codes would never reach their free-running end.
 """
 
 from __future__ import annotations
@@ -51,12 +50,10 @@ class ChunkInfo:
 
 
 def chunk_info(job: TalkerJob) -> ChunkInfo:
-    """The job's place in its turn, from its request id `call/turn/talker/<chunk>` and, once
-    TalkerJob has them, its `prompt_rows` and `last` fields."""
+    """The job's place in its turn, from its request id `call/turn/talker/<chunk>`."""
     turn, _, index = job.request_id.rpartition("/")
     position = int(index) if index.isdigit() else 0
-    return ChunkInfo(turn, position, int(getattr(job, "prompt_rows", 0)),
-                     bool(getattr(job, "last", True)))
+    return ChunkInfo(turn, position, job.prompt_rows, job.last)
 
 
 def lm_dir(ctx: StageContext) -> Path:

@@ -18,6 +18,8 @@ thinker's hidden size computed beside vLLM with the same weights (`thinker_state
   included; the reference replaces the stop token's row with the text-eos embedding and pads
   after it with the text-pad embedding: that substitution is the Talker's.
 - `prompt_tokens` is the prompt's length on every output; outputs without tokens carry none.
+  `prompt_rows` says how many leading rows are the prompt part (`prompt_tokens` on the first
+  output with tokens, 0 after), which the cascade hands the Talker in `TalkerJob.prompt_rows`.
 
 A recited job (job.recite) makes no engine request: the given text's tokens are the reply, and
 their rows are computed as if the thinker had written them after the prompt. Text-only jobs
@@ -91,14 +93,15 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         try:
             async with aclosing(replies):
                 async for delta in replies:
-                    embeds = None
+                    embeds, prompt_rows = None, 0
                     if delta.token_ids and rows is not None:
+                        prompt_rows = 0 if rows.prompt_sent else len(prompt)
                         embeds = await self.ctx.send_tensor(await rows.next(delta.token_ids))
                     yield ThinkerOutput(job.request_id, text=delta.text,
                                         token_ids=delta.token_ids, embeds=embeds,
                                         finished=delta.finished,
                                         finish_reason=delta.finish_reason,
-                                        prompt_tokens=len(prompt))
+                                        prompt_tokens=len(prompt), prompt_rows=prompt_rows)
         finally:
             if rows is not None:
                 rows.close()

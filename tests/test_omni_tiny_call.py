@@ -1,0 +1,76 @@
+"""`omnivox serve --profile omni-tiny` holds a real WebRTC call: Qwen2.5-Omni's architecture
+(transformers' classes at test size, random weights: the audio is noise) hears the caller's
+audio directly in its Thinker, its converted Talker speaks on vLLM from the Thinker's hidden
+states, and token2wav renders windows as codes arrive; the caller hears the reply, and talking
+over it cancels every request of the turn in every engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.app import create_app
+from agent.config import ConversationSettings, Settings
+from agent.profiles import build_pipeline
+from tests.conftest import wait_ready
+from tests.product_calls import (
+    connect,
+    engines_hold,
+    loud_ms,
+    session_of,
+    spoken,
+    update_session,
+    wait_until,
+)
+from tests.served import Served, serve
+
+pytestmark = pytest.mark.engines
+
+
+@pytest.fixture(scope="module")
+async def omni_server(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                      ) -> AsyncIterator[Served]:
+    settings = Settings(profile="omni-tiny", models_dir=tiny_models_dir,
+                        data_dir=tmp_path_factory.mktemp("data"), max_calls=2,
+                        conversation=ConversationSettings(max_reply_tokens=24))
+    app = create_app(settings, pipeline=build_pipeline(settings))
+    async with serve(app) as served:
+        await wait_ready(served)
+        yield served
+
+
+@pytest.fixture(scope="module")
+def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    return spoken("What is the capital of France?", tmp_path_factory.mktemp("speech"))
+
+
+async def test_the_caller_hears_the_reply_and_barge_in_cuts_it(omni_server: Served,
+                                                               question: np.ndarray) -> None:
+    caller = await connect(omni_server.url, question)
+    try:
+        first = await caller.wait_for("response.done", timeout=180)
+        assert first["response"]["status"] == "completed", first
+        usage = first["response"]["usage"]["output_token_details"]
+        assert usage["text_tokens"] == 24 and usage["audio_tokens"] > 0
+        await wait_until(lambda: loud_ms(caller) > 0, 60, "the caller to hear the reply")
+
+        update_session(caller, max_output_tokens=200)  # still generating when talked over
+        await caller.wait_for("session.updated", timeout=10)
+        caller.audio.replace(question)  # the caller asks again: a second reply starts
+        await caller.wait_for("output_audio_buffer.started", count=2, timeout=180)
+        reply = session_of(omni_server, caller).reply
+        assert reply is not None
+        caller.audio.replace(question)  # ... and is talked over mid-generation
+        cut = await caller.wait_for("response.done", count=2, timeout=60)
+        assert cut["response"]["status"] == "cancelled", cut
+        for _ in range(100):  # every request of the turn aborted, in both engines and workers
+            if not await engines_hold(omni_server, reply.turn_id):
+                break
+            await asyncio.sleep(0.1)
+        assert await engines_hold(omni_server, reply.turn_id) == []
+    finally:
+        await caller.hang_up()
