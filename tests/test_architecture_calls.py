@@ -1,8 +1,13 @@
-"""`omnivox serve --profile omni-tiny` holds a real WebRTC call: Qwen2.5-Omni's architecture
-(transformers' classes at test size, random weights: the audio is noise) hears the caller's
-audio directly in its Thinker, its converted Talker speaks on vLLM from the Thinker's hidden
-states, and token2wav renders windows as codes arrive; the caller hears the reply, and talking
-over it cancels every request of the turn in every engine."""
+"""The real model architectures' tiny profiles hold a real WebRTC call, like any profile.
+
+- `omni-tiny`: Qwen2.5-Omni (transformers' classes at test size) hears the caller's audio
+  directly in its Thinker, its converted Talker speaks on vLLM from the Thinker's hidden states,
+  and token2wav renders windows as codes arrive.
+- `orpheus-tiny`: an Orpheus Llama Talker on vLLM (Orpheus's real ids) speaks the tiny Thinker's
+  text, and SNAC decodes its 7-token frames in windows.
+
+Random weights: the audio is noise. The caller hears the reply, and talking over a reply still
+being generated cancels every request of the turn in every engine."""
 
 from __future__ import annotations
 
@@ -31,10 +36,10 @@ from tests.served import Served, serve
 pytestmark = pytest.mark.engines
 
 
-@pytest.fixture(scope="module")
-async def omni_server(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                      ) -> AsyncIterator[Served]:
-    settings = Settings(profile="omni-tiny", models_dir=tiny_models_dir,
+@pytest.fixture(scope="module", params=["omni-tiny", "orpheus-tiny"])
+async def served(request: pytest.FixtureRequest, tiny_models_dir: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    settings = Settings(profile=request.param, models_dir=tiny_models_dir,
                         data_dir=tmp_path_factory.mktemp("data"), max_calls=2,
                         conversation=ConversationSettings(max_reply_tokens=24))
     app = create_app(settings, pipeline=build_pipeline(settings))
@@ -48,9 +53,9 @@ def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
     return spoken("What is the capital of France?", tmp_path_factory.mktemp("speech"))
 
 
-async def test_the_caller_hears_the_reply_and_barge_in_cuts_it(omni_server: Served,
+async def test_the_caller_hears_the_reply_and_barge_in_cuts_it(served: Served,
                                                                question: np.ndarray) -> None:
-    caller = await connect(omni_server.url, question)
+    caller = await connect(served.url, question)
     try:
         first = await caller.wait_for("response.done", timeout=180)
         assert first["response"]["status"] == "completed", first
@@ -62,15 +67,15 @@ async def test_the_caller_hears_the_reply_and_barge_in_cuts_it(omni_server: Serv
         await caller.wait_for("session.updated", timeout=10)
         caller.audio.replace(question)  # the caller asks again: a second reply starts
         await caller.wait_for("output_audio_buffer.started", count=2, timeout=180)
-        reply = session_of(omni_server, caller).reply
+        reply = session_of(served, caller).reply
         assert reply is not None
         caller.audio.replace(question)  # ... and is talked over mid-generation
         cut = await caller.wait_for("response.done", count=2, timeout=60)
         assert cut["response"]["status"] == "cancelled", cut
         for _ in range(100):  # every request of the turn aborted, in both engines and workers
-            if not await engines_hold(omni_server, reply.turn_id):
+            if not await engines_hold(served, reply.turn_id):
                 break
             await asyncio.sleep(0.1)
-        assert await engines_hold(omni_server, reply.turn_id) == []
+        assert await engines_hold(served, reply.turn_id) == []
     finally:
         await caller.hang_up()
