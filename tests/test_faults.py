@@ -228,16 +228,22 @@ def title(process: psutil.Process) -> str:
     return ""
 
 
-def api_tree() -> set[psutil.Process]:
-    """Every process below the API process (this test process serves the app)."""
-    return set(psutil.Process().children(recursive=True))
+def server_tree(pipeline: Pipeline) -> set[psutil.Process]:
+    """Every process of this server's stages: each worker and its engine's processes (other
+    servers of the test run, the shared ones, have workers below this process too)."""
+    workers = [worker_of(pipeline, stage) for stage in STAGE_ORDER]
+    return {p for worker in workers for p in (worker, *worker.children(recursive=True))}
 
 
-def worker_of(stage: str, tree: set[psutil.Process]) -> psutil.Process:
-    """The stage's worker, found by its process title within the API process's tree."""
-    found = [p for p in tree if title(p) == f"omnivox-{stage}"]
-    assert len(found) == 1, f"one omnivox-{stage} process expected below the API, got {found}"
-    return found[0]
+def worker_of(pipeline: Pipeline, stage: str) -> psutil.Process:
+    """The stage's worker of this server's pipeline, by the pid its supervisor started, and
+    checked to be the stage's worker process (its title) below this (the API) process."""
+    pid = pipeline.health().stages[stage].pid
+    assert pid is not None, f"the {stage} stage has no worker"
+    worker = psutil.Process(pid)
+    assert title(worker) == f"omnivox-{stage}", f"{pid} is {title(worker)!r}"
+    assert worker in psutil.Process().children(recursive=True), f"{stage} worker not below us"
+    return worker
 
 
 def alive(process: psutil.Process) -> bool:
@@ -339,7 +345,7 @@ async def test_stage_processes_yield_the_cpu_to_the_api_process(
     api = psutil.Process()
     autogroups = Path("/proc/self/autogroup").exists()
     for stage in STAGE_ORDER:
-        worker = worker_of(stage, api_tree())
+        worker = worker_of(fault_server.pipeline, stage)
         wanted = min(19, api.nice() + fault_server.pipeline.settings.nice[stage])
         group = Path(f"/proc/{worker.pid}/autogroup").read_text().split() if autogroups else []
         if autogroups:
@@ -412,9 +418,8 @@ async def test_kill_9_of_a_stage_worker_fails_only_its_turns(
     served, pipeline = fault_server.served, fault_server.pipeline
     talking, idle = await connect(served.url), await connect(served.url)
     try:
-        tree = api_tree()
-        worker = worker_of(stage, tree)
-        assert worker.pid == pipeline.health().stages[stage].pid
+        tree = server_tree(pipeline)
+        worker = worker_of(pipeline, stage)
         restarts = pipeline.health().stages[stage].restarts
         counted = await restart_counts(served)
         killed_tree = {worker, *worker.children(recursive=True)}
@@ -476,8 +481,8 @@ async def test_kill_9_of_a_stage_worker_fails_only_its_turns(
         # worker (and its engine processes) in place of the old.
         assert not [p for p in killed_tree if alive(p)], "killed worker's processes survive"
         assert not in_group(worker.pid), "processes left in the killed worker's group"
-        now = api_tree()
-        new_worker = worker_of(stage, now)
+        now = server_tree(pipeline)
+        new_worker = worker_of(pipeline, stage)
         assert new_worker.pid == status.pid
         assert {p for p in now if alive(p)} == (
             {p for p in tree - killed_tree if alive(p)}
