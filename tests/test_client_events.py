@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.realtime.reply import Reply
 from agent.realtime.session_config import MAX_REPLY_TOKENS, aggressiveness
 from media.audio_format import FRAME_MS
 from tests.audio_fixtures import speech_bounds
@@ -242,6 +243,16 @@ async def test_response_create_answers_from_history_one_at_a_time(
     assert_valid_events(caller)
 
 
+def first_word_cut(reply: Reply, played_ms: int) -> int:
+    """The earliest cut 1.2 s or more into the reply, and 0.3 s behind what has played, whose
+    audio voices a whole word; 0 if none yet. A tiny reply's first text chunk (random-weight
+    bytes, few spaces) may voice seconds before its first whole word."""
+    for ms in range(1200, played_ms - 300, FRAME_MS):
+        if reply.spoken.heard(reply.text, ms):
+            return ms
+    return 0
+
+
 @pytest.mark.parametrize("generating", [True, False], ids=["mid-generation", "playing-tail"])
 async def test_truncate_stops_the_audio_and_keeps_what_was_heard(
     tiny_server: Served, caller: RtcCaller, generating: bool
@@ -253,22 +264,30 @@ async def test_truncate_stops_the_audio_and_keeps_what_was_heard(
     await caller.wait_for("output_audio_buffer.started", timeout=60)
     if not generating:
         await caller.wait_for("response.done", timeout=60)
-    await wait_until(lambda: session.call.outbound.played_ms >= 1500, 20, "1.5 s of audio")
     reply = session.audible_reply()
-    assert reply is not None and (session.reply is reply) == generating
+    assert reply is not None
+    cut_ms = 0
+
+    def a_word_played() -> bool:
+        nonlocal cut_ms
+        cut_ms = first_word_cut(reply, reply.played_ms(session.call.outbound.played_ms))
+        return cut_ms > 0
+
+    await wait_until(a_word_played, 30, "a whole word 1.2 s in, and 0.3 s more")
+    assert session.audible_reply() is reply and (session.reply is reply) == generating
     caller.send({"type": "conversation.item.truncate", "item_id": reply.item_id,
-                 "content_index": 0, "audio_end_ms": 1200})
+                 "content_index": 0, "audio_end_ms": cut_ms})
     truncated = await caller.wait_for("conversation.item.truncated", timeout=10)
     sent_at_cut = session.call.outbound.played_ms
-    assert (truncated["item_id"], truncated["audio_end_ms"]) == (reply.item_id, 1200)
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (reply.item_id, cut_ms)
     assert caller.of_type("output_audio_buffer.cleared")
     done = await caller.wait_for("response.done", timeout=10)
     assert await engines_hold(tiny_server, reply.turn_id) == []
 
-    # The history keeps the words voiced by the first 1.2 s, and nothing else.
+    # The history keeps the words voiced before the cut, and nothing else.
     full = transcript_of(caller, reply.response_id).strip()
     history = session.conversation.get(reply.item_id)
-    assert history is not None and history.text == reply.spoken.heard(reply.text, 1200)
+    assert history is not None and history.text == reply.spoken.heard(reply.text, cut_ms)
     assert full.startswith(history.text) and 0 < len(history.text) < len(full)
     if generating:
         assert done["response"]["status"] == "cancelled", done
