@@ -1,9 +1,11 @@
 """The build steps every model family shares: a checksummed manifest, a lock, a staging directory.
 
 A family's build writes its files into a staging directory and, last, `manifest.json` (what it
-was built from and the sha256 of every file); the staging directory is then renamed into place.
+was built from, the sha256 of every file and the engine range it was built for:
+`pipeline.engine_range`); the staging directory is then renamed into place.
 All of it runs under an exclusive file lock, so a crashed or concurrent build never leaves a
-half-written family behind. A family whose manifest still matches its files is not rebuilt.
+half-written family behind. A family whose manifest still matches its files, and whose engine
+range admits the running engines, is not rebuilt.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from pipeline.engine_range import ENGINES, engine_range, range_admits_running
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +56,11 @@ def build_once(models_dir: Path, family: str, is_current: Callable[[Path], bool]
 
 
 def write_manifest(root: Path, fields: Mapping[str, Any]) -> None:
-    """Write the manifest: `fields` (family, recipe, what it was built from), then the files."""
-    files = _digests(root)
-    write_json(root / MANIFEST, {**fields, "files": files, "checksum": _checksum(files)})
+    """Write the manifest: `fields` (family, recipe, what it was built from), the engine range
+    of the running engines, then the files."""
+    files = file_digests(root)
+    write_json(root / MANIFEST, {**fields, ENGINES: engine_range(), "files": files,
+                                 "checksum": files_checksum(files)})
 
 
 def read_manifest(family_dir: Path) -> dict[str, Any]:
@@ -64,15 +70,18 @@ def read_manifest(family_dir: Path) -> dict[str, Any]:
 
 
 def manifest_matches(family_dir: Path, expected: Mapping[str, Any]) -> bool:
-    """Whether the manifest holds these `expected` fields and the files are those it lists."""
+    """Whether the manifest holds these `expected` fields, its engine range admits the running
+    engines (a manifest without one predates ranges) and the files are those it lists."""
     try:
         manifest = read_manifest(family_dir)
     except (OSError, ValueError):
         return False
     if any(manifest.get(key) != value for key, value in expected.items()):
         return False
-    files = _digests(family_dir)
-    return files == manifest.get("files") and _checksum(files) == manifest.get("checksum")
+    if not range_admits_running(manifest.get(ENGINES)):
+        return False
+    files = file_digests(family_dir)
+    return files == manifest.get("files") and files_checksum(files) == manifest.get("checksum")
 
 
 def write_json(path: Path, obj: Mapping[str, Any]) -> None:
@@ -80,7 +89,7 @@ def write_json(path: Path, obj: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def _digests(root: Path) -> dict[str, str]:
+def file_digests(root: Path) -> dict[str, str]:
     """The sha256 of every file below `root` but the manifest, by relative path."""
     digests = {}
     for path in sorted(root.rglob("*")):
@@ -91,7 +100,8 @@ def _digests(root: Path) -> dict[str, str]:
     return digests
 
 
-def _checksum(files: dict[str, str]) -> str:
+def files_checksum(files: Mapping[str, str]) -> str:
+    """The checksum of a build: the sha256 of its files' sha256s, by relative path."""
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
