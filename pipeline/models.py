@@ -1,36 +1,65 @@
-"""Making sure a family's models are built before its workers start (built locally if not).
+"""Making sure a model version is built and sound before its workers start.
 
-The family's own `build` decides: it keeps a build whose manifest still matches and rebuilds a
-missing or stale one (a new recipe). It runs in a spawned child process: it imports torch and
-writes weights, neither of which belongs in the API process or on its event loop. Its progress
-bar goes to stderr.
+A version already built is checked first (`pipeline.model_versions.verify_version`): a changed
+file or an engine range that excludes the running vLLM/torch refuses it, never a silent
+rebuild of the weights a server was told to serve. Then the family's own `build` decides: it
+keeps a build whose manifest still matches and rebuilds a missing or stale one (a new recipe,
+or a build older than engine ranges), with the seed the version was built from. It runs in a
+spawned child process: it imports torch and writes weights, neither of which belongs in the API
+process or on its event loop. Its progress bar goes to stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import multiprocessing
 from pathlib import Path
+from typing import Any
+
+from pipeline.model_versions import ModelVersionError, verify_version
 
 logger = logging.getLogger(__name__)
 
 
-def build_family(family: str, models_dir: str) -> None:
-    """Run the family's build (idempotent). Child-process entry point."""
+def build_family(family: str, models_dir: str, seed: int | None = None) -> None:
+    """Run the family's build (idempotent) under `models_dir` (a version's root), from `seed`
+    when given. Child-process entry point."""
     from pipeline.families import load_family
 
     logging.basicConfig(level=logging.INFO)
-    load_family(family).build(Path(models_dir), progress=True)
+    load_family(family).build(Path(models_dir), progress=True, **build_options(family, seed))
+
+
+def build_options(family: str, seed: int | None) -> dict[str, Any]:
+    """The family build's keyword arguments for `seed`; ValueError for a family built from no
+    seed (packaged weights)."""
+    from pipeline.families import load_family
+
+    if seed is None:
+        return {}
+    if "seed" not in inspect.signature(load_family(family).build).parameters:
+        raise ValueError(f"the {family} family's weights are packaged, not made from a seed: "
+                         "build it without --seed")
+    return {"seed": seed}
 
 
 async def ensure_models(family: str, models_dir: Path) -> None:
-    """Build the family's models unless already built; test families (dotted modules) have
-    nothing to build."""
+    """Check the version built under `models_dir` (a version's root), then build it unless it is
+    current; test families (dotted modules) have nothing to build. ModelVersionError, logged
+    as one line, when the version must not be loaded."""
     if "." in family:
         return
+    try:
+        manifest = await asyncio.to_thread(verify_version, family, Path(models_dir))
+    except ModelVersionError as exc:
+        logger.error("%s", exc)
+        raise
+    seed = manifest.get("seed") if manifest is not None else None
     process = multiprocessing.get_context("spawn").Process(
-        target=build_family, args=(family, str(models_dir)), name=f"omnivox-build-{family}")
+        target=build_family, args=(family, str(models_dir), seed),
+        name=f"omnivox-build-{family}")
     process.start()
     await asyncio.to_thread(process.join)
     if process.exitcode != 0:
