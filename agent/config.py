@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     models_dir: Path = Field(
         REPO_ROOT / "models", description="model directories, built on first use"
     )
+    # One version of the profile's model is served at a time. Version 1 unless chosen: building
+    # a new version (`omnivox models build NAME --version N`) never changes what a server serves.
+    model_version: str = Field(
+        "1", pattern=r"^[1-9][0-9]*$",
+        description="the version of the profile's model served (NAME@VERSION)",
+    )
     web_dir: Path = REPO_ROOT / "web"
     # No public STUN server unless asked for: calls on loopback and LANs need none.
     ice_servers: CommaList = Field(
