@@ -39,6 +39,12 @@ class Readiness:
         self.pipeline = pipeline
         self.admission = admission
         self.draining = False
+        self.start_failure: str | None = None
+
+    def start_failed(self, reason: str) -> None:
+        """The pipeline's start gave up (a model version refused, a build failed): no stage will
+        come up until an operator acts, and /readyz says why."""
+        self.start_failure = reason
 
     def drain(self) -> None:
         """From now on refuse new calls; a plain flag, so a signal handler may call it."""
@@ -47,6 +53,8 @@ class Readiness:
     def stages(self) -> dict[str, dict[str, Any]]:
         if self.pipeline is None:
             return {}
+        if self.start_failure is not None:
+            return {"pipeline": {"state": "failed", "reason": self.start_failure, "restarts": 0}}
         stages = self.pipeline.health().stages
         if not stages:
             return {"pipeline": {"state": "starting", "reason": "preparing models and workers",
