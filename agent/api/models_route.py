@@ -7,15 +7,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from agent.api.openai_errors import model_not_found
-from agent.api.served_models import resolve, served_models
+from agent.api.served_models import not_served, resolve, served_models
 
 router = APIRouter()
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    """Every served model version, its default flag and its stages' state."""
+    """Every served model version: its default flag, build (family, checksum, engine range) and
+    stages' state."""
     readiness = request.app.state.readiness
     return {"object": "list",
             "data": [model.describe(readiness) for model in served_models(request.app)]}
@@ -23,8 +23,9 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/models/{model_id}", response_model=None)
 async def retrieve_model(model_id: str, request: Request) -> dict[str, Any] | JSONResponse:
-    """One version (`name@version`), or a name's default version (`name`); else 404."""
+    """One version (`name@version`), or a name's default version (`name`); else 404 naming the
+    versions served."""
     model = resolve(request.app, model_id)
     if model is None:
-        return model_not_found(model_id)
+        return not_served(request.app, model_id)
     return model.describe(request.app.state.readiness)

@@ -1,8 +1,10 @@
 """The models this server serves, as clients name them: `name@version`.
 
-A model's name is the profile the server runs (`tiny`, `local`); today a profile has one
-version, `1`, which is therefore its default: an unpinned `tiny` means `tiny@1`. Each model's
-state is its stages' state from readiness (/readyz).
+A model's name is the profile the server runs (`tiny`, `local`); it serves one version of it,
+the `model_version` setting (1 unless chosen), which is therefore its default: an unpinned
+`tiny` means that version, `tiny@1` names it, any other version is not served. Each version is
+its family, its checkpoint's checksum and the engine range it was built for (its manifest:
+pipeline.model_versions), and its stages' state from readiness (/readyz).
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
+from agent.api.openai_errors import openai_error
 from agent.ops.readiness import Readiness
+from pipeline.engine_range import ENGINES
 from pipeline.families import load_family
+from pipeline.families.build_support import MANIFEST
+from pipeline.model_versions import built_manifest, version_root
 
-FIRST_VERSION = "1"
 OWNER = "omnivox"
-MANIFEST = "manifest.json"  # written last by a family's build: when the checkpoint was made
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,7 @@ class ServedModel:
     version: str
     family: str
     default: bool  # what an unpinned request for `name` gets
-    models_dir: Path
+    root: Path  # the version's models directory (pipeline.model_versions.version_root)
 
     @property
     def id(self) -> str:
@@ -38,7 +43,7 @@ class ServedModel:
     def created(self) -> int:
         """When its checkpoint was built (unix seconds; 0 while it is not built yet)."""
         try:
-            return int((self.models_dir / self.family / MANIFEST).stat().st_mtime)
+            return int((self.root / self.family / MANIFEST).stat().st_mtime)
         except OSError:
             return 0
 
@@ -47,13 +52,19 @@ class ServedModel:
         """Whether its family writes what a speaker said (transcriptions)."""
         return bool(getattr(load_family(self.family), "RECOGNISES_SPEECH", False))
 
+    def build(self) -> dict[str, Any]:
+        """Its family, checkpoint directory, checksum and engine range (null while not built)."""
+        manifest = built_manifest(self.root, self.family) or {}
+        return {"id": self.id, "name": self.name, "version": self.version,
+                "default": self.default, "family": self.family,
+                "directory": str(self.root / self.family), "checksum": manifest.get("checksum"),
+                "engines": manifest.get(ENGINES)}
+
     def describe(self, readiness: Readiness) -> dict[str, Any]:
-        """OpenAI's model object, with the version, whether it is the default and its
+        """OpenAI's model object, with the version, whether it is the default, its build and its
         stages' state added."""
-        stages = readiness.stages()
-        return {"id": self.id, "object": "model", "created": self.created(), "owned_by": OWNER,
-                "name": self.name, "version": self.version, "default": self.default,
-                "family": self.family, "ready": readiness.stages_ready(), "stages": stages}
+        return {**self.build(), "object": "model", "created": self.created(), "owned_by": OWNER,
+                "ready": readiness.stages_ready(), "stages": readiness.stages()}
 
 
 def served_models(app: FastAPI) -> list[ServedModel]:
@@ -62,7 +73,9 @@ def served_models(app: FastAPI) -> list[ServedModel]:
     if family is None:  # a media-only server answers calls with no models
         return []
     settings = app.state.settings
-    return [ServedModel(settings.profile, FIRST_VERSION, family, True, Path(settings.models_dir))]
+    version = settings.model_version
+    return [ServedModel(settings.profile, version, family, True,
+                        version_root(Path(settings.models_dir), version))]
 
 
 def resolve(app: FastAPI, model_id: str) -> ServedModel | None:
@@ -72,3 +85,10 @@ def resolve(app: FastAPI, model_id: str) -> ServedModel | None:
         if model.name == name and (model.version == version if pinned else model.default):
             return model
     return None
+
+
+def not_served(app: FastAPI, model_id: str) -> JSONResponse:
+    """404 `model_not_found` for an id this server does not serve, naming the versions it does."""
+    served = ", ".join(model.id for model in served_models(app)) or "none"
+    return openai_error(404, "model_not_found", f"The model {model_id!r} is not served here; "
+                        f"the versions served are: {served} (GET /v1/models)", param="model")
