@@ -29,6 +29,8 @@ from agent.api.records_route import router as records_router
 from agent.api.signalling import router as signalling_router
 from agent.api.speech import router as speech_router
 from agent.api.transcription import router as transcription_router
+from agent.api.version_route import router as version_router
+from agent.api.version_route import versions
 from agent.calls.call import Call, HandlerFactory
 from agent.calls.registry import CallRegistry, announce_stage_failures
 from agent.config import Settings
@@ -66,6 +68,8 @@ def create_app(
         gc.collect()
         gc.freeze()
         starting = asyncio.create_task(pipeline.start()) if pipeline is not None else None
+        if starting is not None:
+            starting.add_done_callback(lambda task: _start_failed(task, app.state.readiness))
         loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())
         load = asyncio.create_task(app.state.admission.run())
         try:
@@ -114,6 +118,7 @@ def create_app(
             "detail": readiness.summary(),
             "stages": readiness.stages(),
             "calls": len(request.app.state.calls),
+            "versions": versions(request.app),
         }
         return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -124,12 +129,19 @@ def create_app(
     app.include_router(realtime_ws_router)
     app.include_router(records_router)
     app.include_router(models_router)
+    app.include_router(version_router)
     app.include_router(chat_completions_router)
     app.include_router(speech_router)
     app.include_router(transcription_router)
     app.include_router(metrics_router)
     app.mount("/", StaticFiles(directory=settings.web_dir, html=True), name="web")
     return app
+
+
+def _start_failed(task: asyncio.Task[None], readiness: Readiness) -> None:
+    """Readiness hears why the pipeline's start gave up (its error says why, in one line)."""
+    if not task.cancelled() and task.exception() is not None:
+        readiness.start_failed(str(task.exception()))
 
 
 class StripPrefix:
