@@ -27,6 +27,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     models_cmd = models.add_subparsers(dest="models_command", required=True)
     build = models_cmd.add_parser("build", help="build a family's models locally")
     build.add_argument("family", help="a model family, or a profile (its family is built)")
+    build.add_argument("--version", default="1", type=model_version,
+                       help="the model version built (default: 1, the models dir itself; N > 1 "
+                       "in <models-dir>/versions/N)")
+    build.add_argument("--seed", type=int, default=None,
+                       help="the seed of a random-weight family's weights (default: its own)")
     add_setting_flags(build, ("models_dir",))
 
     bench = commands.add_parser("bench", help="measure (figures printed and written as JSON)")
@@ -44,13 +49,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_setting_flags(turn, ("models_dir",))
     turn.add_argument("--log-level", default="warning")
     add_bench_calls(bench_cmd)
+    add_bench_asr(bench_cmd)
     return parser.parse_args(argv)
 
 
 # The settings `omnivox serve` takes as flags (--max-calls for max_calls); every setting, these
 # included, is also read from its environment variable (OMNIVOX_MAX_CALLS).
-SERVE_FLAGS = ("host", "port", "profile", "models_dir", "data_dir", "max_calls", "log_level",
-               "log_format")
+SERVE_FLAGS = ("host", "port", "profile", "models_dir", "model_version", "data_dir", "max_calls",
+               "log_level", "log_format")
 # Flags of any command that are settings, whose value (when given) is handed to Settings.
 SETTING_FLAGS = (*SERVE_FLAGS,)
 
@@ -102,6 +108,18 @@ def add_bench_calls(bench_cmd: Any) -> None:
     calls.add_argument("--log-level", default="warning")
 
 
+def add_bench_asr(bench_cmd: Any) -> None:
+    from agent.bench.asr_run import add_parser
+
+    add_parser(bench_cmd)
+
+
+def bench_asr(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.bench.asr_run import command
+
+    return command(args, settings)
+
+
 def concurrency_levels(text: str) -> list[int]:
     try:
         levels = [int(part) for part in text.split(",") if part.strip()]
@@ -111,6 +129,12 @@ def concurrency_levels(text: str) -> list[int]:
     if not levels or min(levels) < 1:
         raise argparse.ArgumentTypeError(f"levels must be whole numbers >= 1: {text!r}")
     return levels
+
+
+def model_version(text: str) -> str:
+    if not text.isdigit() or text.startswith("0"):
+        raise argparse.ArgumentTypeError(f"a model version is a whole number >= 1: {text!r}")
+    return text
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -153,7 +177,9 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     from agent.app import create_app, run_server
     from agent.profiles import build_pipeline
 
-    app = create_app(settings, pipeline=build_pipeline(settings, pipeline_overrides(args)))
+    pipeline = build_pipeline(settings, pipeline_overrides(args))
+    check_served_version(pipeline.settings.family, pipeline.settings.models_dir)
+    app = create_app(settings, pipeline=pipeline)
     print(f"omnivox: serving profile {settings.profile!r} at "
           f"http://{settings.host}:{settings.port}/")
     # SIGTERM drains (new calls refused, live ones go on up to drain_timeout_s), then stops
@@ -161,18 +187,50 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     return run_server(app, settings)
 
 
+def check_served_version(family: str, root: Path) -> None:
+    """Before serving: the version is built (or version 1, built on first use) and its engine
+    range admits the running engines; the server checks its files as it loads it."""
+    from pipeline.model_versions import (
+        ModelVersionError,
+        built_manifest,
+        check_engines,
+        verify_version,
+    )
+
+    if "." in family:
+        return
+    try:
+        manifest = built_manifest(root, family)
+        if manifest is None:
+            verify_version(family, root)  # refuses a version > 1 that is not built
+        else:
+            check_engines(family, root, manifest)
+    except ModelVersionError as exc:
+        raise CommandLineError(str(exc)) from None
+
+
 def build_models(args: argparse.Namespace, settings: Settings) -> int:
     from agent.profiles import load_profiles
     from pipeline.families import load_family
-    from pipeline.models import build_family
+    from pipeline.model_versions import built_manifest, version_root
+    from pipeline.models import build_family, build_options
 
     family = str(load_profiles().get(args.family, {}).get("family", args.family))
     try:
         load_family(family)
+        build_options(family, args.seed)
     except ValueError as exc:
         raise CommandLineError(str(exc)) from None
-    build_family(family, str(settings.models_dir))
-    print(f"omnivox: {family} models ready in {settings.models_dir / family}")
+    root = version_root(settings.models_dir, args.version)
+    built_seed = (built_manifest(root, family) or {}).get("seed")
+    if args.seed is not None and built_seed is not None and args.seed != built_seed:
+        raise CommandLineError(
+            f"{family} version {args.version} is built from seed {built_seed}: a version's "
+            f"weights never change; build another --version, or remove {root / family} first")
+    build_family(family, str(root), built_seed if args.seed is None else args.seed)
+    checksum = (built_manifest(root, family) or {}).get("checksum", "?")
+    print(f"omnivox: {family} version {args.version} ready in {root / family} "
+          f"(checksum {checksum})")
     return 0
 
 
@@ -229,6 +287,7 @@ COMMANDS = {
     ("bench", "pipeline"): bench_pipeline,
     ("bench", "turn"): bench_turn,
     ("bench", "calls"): bench_calls,
+    ("bench", "asr"): bench_asr,
 }
 
 
