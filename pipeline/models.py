@@ -18,7 +18,7 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from pipeline.model_versions import ModelVersionError, verify_version
+from pipeline.model_versions import ModelVersionError, built_manifest, verify_version
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +52,11 @@ async def ensure_models(family: str, models_dir: Path) -> None:
     if "." in family:
         return
     try:
-        manifest = await asyncio.to_thread(verify_version, family, Path(models_dir))
+        await asyncio.to_thread(verify_version, family, Path(models_dir))
     except ModelVersionError as exc:
         logger.error("%s", exc)
         raise
-    seed = manifest.get("seed") if manifest is not None else None
+    seed = (built_manifest(models_dir, family) or {}).get("seed")  # rebuilt as it was built
     process = multiprocessing.get_context("spawn").Process(
         target=build_family, args=(family, str(models_dir), seed),
         name=f"omnivox-build-{family}")
