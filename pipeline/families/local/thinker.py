@@ -77,7 +77,7 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
         try:
             messages = list(job.messages)
             if job.audio is not None:
-                transcript = await self.hearing.run(self._hear, job.audio)
+                transcript = await self.hearing.run(self._hear, job.audio, messages)
                 yield ThinkerOutput(rid, transcript=transcript)
                 if not transcript or job.transcribe:
                     reason = "stop" if transcript else "no_speech"
@@ -99,12 +99,14 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
                                     finished=delta.finished, finish_reason=delta.finish_reason,
                                     prompt_tokens=len(prompt))
 
-    def _hear(self, audio: BlockRef) -> str:
+    def _hear(self, audio: BlockRef, messages: list[dict[str, str]]) -> str:
         """The caller's words, the audio read in place (its float conversion being its only
-        copy) and released once heard; in the hearing thread."""
+        copy) and released once heard; in the hearing thread. The conversation's lines so far
+        (not the system prompt) are the recognizer's context."""
+        context = [str(m.get("content", "")) for m in messages if m.get("role") != "system"]
         with self.ctx.read_tensors([audio]) as samples:
             assert isinstance(samples, np.ndarray)  # blocks alone are read as a numpy view
-            return self.recognizer.transcribe(samples)
+            return self.recognizer.transcribe(samples, context)
 
     def prompt_ids(self, messages: list[dict[str, str]], max_tokens: int) -> list[int]:
         """The chat-templated prompt's token ids; the oldest turns go when it is too long."""
