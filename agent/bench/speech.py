@@ -35,12 +35,15 @@ def resample(pcm: np.ndarray, rate: int, to: int = MIC_RATE) -> np.ndarray:
     return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
 
 
-def espeak(text: str, path: Path) -> tuple[np.ndarray, int]:
-    """`text` spoken by espeak-ng into the WAV `path`: int16 mono PCM and its sample rate."""
+def espeak(text: str, path: Path, voice: str | None = None,
+           wpm: int | None = None) -> tuple[np.ndarray, int]:
+    """`text` spoken by espeak-ng into the WAV `path`: int16 mono PCM and its sample rate.
+    `voice` (e.g. "en-us+f2") and `wpm` (words a minute) default to espeak-ng's own."""
     binary = shutil.which("espeak-ng")
     if binary is None:
         raise RuntimeError("espeak-ng is not installed (Debian package espeak-ng)")
-    subprocess.run([binary, "-w", str(path), text], check=True, capture_output=True)
+    options = [*(["-v", voice] if voice else []), *(["-s", str(wpm)] if wpm else [])]
+    subprocess.run([binary, *options, "-w", str(path), text], check=True, capture_output=True)
     return read_wav(path)
 
 
