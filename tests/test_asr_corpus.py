@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 
 from agent.bench.asr import Config, hear_all, summary
-from agent.bench.asr_corpus import PAUSE_MS, SNR_DB, Corpus, build, load_or_build, snr_db
+from agent.bench.asr_corpus import (
+    PAUSE_MS,
+    PREROLL_MS,
+    SNR_DB,
+    Corpus,
+    build,
+    load_or_build,
+    snr_db,
+)
 from agent.bench.asr_texts import QUESTIONS
 from agent.bench.asr_voices import RATES, VOICES
 from agent.bench.speech import MIC_RATE
@@ -50,7 +58,8 @@ def test_every_voice_says_each_question_at_two_rates_clean_and_noisy(corpus: Cor
     for voice in VOICES:  # the fast copy is shorter by about its speed factor
         normal, fast = (next(u for u in questions if u.voice == voice.name and u.rate == rate
                              and u.condition == "clean") for rate in ("normal", "fast"))
-        assert fast.duration_s < normal.duration_s * 0.9, voice.name
+        preroll_s = PREROLL_MS / 1000
+        assert fast.duration_s - preroll_s < (normal.duration_s - preroll_s) * 0.9, voice.name
 
 
 def test_the_noisy_copy_is_the_clean_one_at_15_db_snr(corpus: Corpus) -> None:
@@ -61,7 +70,7 @@ def test_the_noisy_copy_is_the_clean_one_at_15_db_snr(corpus: Corpus) -> None:
         assert abs(measured - SNR_DB) < 0.5, (noisy.id, measured)
 
 
-def test_an_unfinished_utterance_is_speech_a_pause_and_speech(corpus: Corpus) -> None:
+def test_an_unfinished_utterance_is_preroll_speech_pause_speech(corpus: Corpus) -> None:
     unfinished = [u for u in corpus.utterances if u.kind == "unfinished"]
     assert {u.voice for u in unfinished} == {v.name for v in VOICES}
     for u in unfinished:
@@ -70,8 +79,9 @@ def test_an_unfinished_utterance_is_speech_a_pause_and_speech(corpus: Corpus) ->
         assert PAUSE_MS[0] <= end - start <= PAUSE_MS[1]
         pcm = corpus.audio(u)
         at = [ms * MIC_RATE // 1000 for ms in (start + 1, end)]  # whole ms inside the pause
-        assert not np.any(pcm[at[0]:at[1]]), u.id  # the pause is silent
-        assert np.abs(pcm[:at[0]]).max() > 1000 and np.abs(pcm[at[1]:]).max() > 1000, u.id
+        onset = PREROLL_MS * MIC_RATE // 1000
+        assert not np.any(pcm[:onset]) and not np.any(pcm[at[0]:at[1]]), u.id  # silences
+        assert np.abs(pcm[onset:at[0]]).max() > 1000 and np.abs(pcm[at[1]:]).max() > 1000, u.id
 
 
 def test_the_corpus_is_the_same_on_every_run(corpus: Corpus, tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 Every question of asr_texts.py said by every voice of asr_voices.py at every rate, clean and
 with pink noise added at 15 dB SNR; and every unfinished sentence said by every voice at its
-normal rate, its two parts apart by a pause of 400-800 ms of digital silence. Written once into
+normal rate, its two parts apart by a pause of 400-800 ms of digital silence. Each utterance
+starts with 300 ms before the onset (silence; the noise in a noisy copy), as the server's VAD
+hands an utterance to the recognizer (its pre-roll, media/vad.py). Written once into
 a cache directory named after a digest of the recipe (texts, voices, rates, SNR), with a
 manifest (manifest.json) listing each utterance; the same on every run: the noise and the
 pauses come from generators seeded by the utterance's id.
@@ -23,8 +25,9 @@ from agent.bench.asr_texts import QUESTIONS, UNFINISHED
 from agent.bench.asr_voices import RATES, VOICES, Voice, speak
 from agent.bench.speech import MIC_RATE, default_speech_dir, read_wav, write_wav
 
-RECIPE = "asr-corpus-1"  # bump when the generation changes
+RECIPE = "asr-corpus-2"  # bump when the generation changes
 SNR_DB = 15.0
+PREROLL_MS = 300  # the VAD's default pre-roll
 PAUSE_MS = (400, 800)  # the unfinished utterances' pause, drawn per utterance
 
 
@@ -61,7 +64,7 @@ class Corpus:
 def recipe_digest() -> str:
     """What the corpus is made from, in 12 hex digits (the cache directory's name)."""
     recipe = [RECIPE, QUESTIONS, UNFINISHED, [asdict(v) for v in VOICES], RATES, SNR_DB,
-              PAUSE_MS]
+              PAUSE_MS, PREROLL_MS]
     return hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]
 
 
@@ -109,7 +112,7 @@ def _jobs(limit: int | None, voices: Sequence[str]) -> list[Callable[[Path], lis
 def _question_job(index: int, text: str, voice: Voice,
                   rate: str) -> Callable[[Path], list[Utterance]]:
     def run(directory: Path) -> list[Utterance]:
-        clean = speak(voice, text, RATES[rate])
+        clean = _after_preroll(speak(voice, text, RATES[rate]))
         stem = f"q{index:02d}-{voice.name}-{rate}"
         noisy = add_noise(clean, SNR_DB, seed(f"{stem}-noisy"))
         return [_saved(directory, Utterance(f"{stem}-{condition}", "question", text, voice.name,
@@ -125,12 +128,17 @@ def _unfinished_job(index: int, parts: tuple[str, str],
         stem = f"u{index:02d}-{voice.name}"
         head, tail = (speak(voice, part, RATES["normal"]) for part in parts)
         pause = int(np.random.default_rng(seed(stem)).integers(PAUSE_MS[0], PAUSE_MS[1] + 1))
-        pcm = np.concatenate([head, np.zeros(pause * MIC_RATE // 1000, np.int16), tail])
-        start = len(head) * 1000 // MIC_RATE
+        pcm = _after_preroll(
+            np.concatenate([head, np.zeros(pause * MIC_RATE // 1000, np.int16), tail]))
+        start = PREROLL_MS + len(head) * 1000 // MIC_RATE
         item = Utterance(stem, "unfinished", " ".join(parts), voice.name, "normal", "clean",
                          f"{stem}.wav", len(pcm) / MIC_RATE, (start, start + pause))
         return [_saved(directory, item, pcm)]
     return run
+
+
+def _after_preroll(speech: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.zeros(PREROLL_MS * MIC_RATE // 1000, np.int16), speech])
 
 
 def _saved(directory: Path, utterance: Utterance, pcm: np.ndarray) -> Utterance:
@@ -144,9 +152,10 @@ def seed(name: str) -> int:
 
 
 def add_noise(clean: np.ndarray, snr_db: float, noise_seed: int) -> np.ndarray:
-    """`clean` (int16) with pink noise at `snr_db` below its mean power, as int16."""
+    """`clean` (int16) with pink noise throughout, `snr_db` below the mean power of its speech
+    (after the pre-roll), as int16."""
     noise = pink_noise(len(clean), np.random.default_rng(noise_seed))
-    speech_power = float(np.mean(clean.astype(np.float64) ** 2))
+    speech_power = float(np.mean(_speech(clean).astype(np.float64) ** 2))
     noise *= np.sqrt(speech_power / 10 ** (snr_db / 10) / float(np.mean(noise ** 2)))
     mixed = np.round(clean.astype(np.float64) + noise)
     return np.clip(mixed, -32768, 32767).astype(np.int16)
@@ -162,10 +171,15 @@ def pink_noise(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def snr_db(clean: np.ndarray, noisy: np.ndarray) -> float:
-    """The measured signal-to-noise ratio of `noisy` against `clean`, in dB."""
-    signal = clean.astype(np.float64)
-    noise = noisy.astype(np.float64) - signal
-    return float(10 * np.log10(np.sum(signal ** 2) / np.sum(noise ** 2)))
+    """The measured signal-to-noise ratio of `noisy` against `clean`, in dB: the mean power of
+    the speech (after the pre-roll) over that of the noise (throughout)."""
+    noise = noisy.astype(np.float64) - clean.astype(np.float64)
+    speech = _speech(clean).astype(np.float64)
+    return float(10 * np.log10(np.mean(speech ** 2) / np.mean(noise ** 2)))
+
+
+def _speech(pcm: np.ndarray) -> np.ndarray:
+    return pcm[PREROLL_MS * MIC_RATE // 1000:]
 
 
 def _utterance(item: dict[str, object]) -> Utterance:
