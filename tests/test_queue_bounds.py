@@ -29,6 +29,7 @@ from agent.realtime.session import UNANSWERED_MAX
 from media.vad import SpeechStopped
 from pipeline.orchestrator import Pipeline
 from tests.audio_fixtures import read_wav, speech_wav, tone
+from tests.fake_family import FAKE_PIPELINE
 from tests.media_servers import call_of, tone_server
 from tests.product_calls import turn_detection, update_session, wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
@@ -121,13 +122,6 @@ def loud_ms(caller: RtcCaller) -> int:
 
 
 # -- unanswered utterances --------------------------------------------------------------------
-
-FAKE_PIPELINE = {
-    "family": "tests.fake_family",
-    "pool": {"block_count": 32, "block_size": 1 << 20},
-    "restart": {"heartbeat_s": 0.1, "heartbeat_timeout_s": 10.0},
-}
-
 
 @pytest.fixture(scope="module")
 async def fake_family_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:

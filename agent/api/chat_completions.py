@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 
 from agent.api.chat_request import ChatCompletionRequest
 from agent.api.chat_response import DONE, Completion, finish_reason, sse
-from agent.api.chat_tools import Answer, read_answer
+from agent.api.chat_tools import message_of, tool_calls
 from agent.api.completion_slots import CompletionSlots
 from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
@@ -31,6 +31,7 @@ from agent.api.openai_errors import (
 )
 from agent.api.request_body import read_request
 from agent.api.served_models import resolve
+from agent.guided.functions import Answer, read_answer
 from pipeline.errors import (
     PipelineBusyError,
     PipelineError,
@@ -117,7 +118,7 @@ async def whole(run: ModelRun[ThinkerOutput], output: ThinkerOutput, chat: ChatC
         text.append(output.text)
         if output.finished:
             answer, reason = answer_of(chat, "".join(text), output.finish_reason)
-            return JSONResponse(completion.whole(answer.message(), reason))
+            return JSONResponse(completion.whole(message_of(answer), reason))
         output = await run.next()
 
 
@@ -141,7 +142,8 @@ async def stream(run: ModelRun[ThinkerOutput], output: ThinkerOutput, chat: Chat
             output = await run.next()
         answer, reason = answer_of(chat, "".join(text), output.finish_reason)
         if held:
-            delta = ({"tool_calls": [{"index": i, **call} for i, call in enumerate(answer.calls)]}
+            delta = ({"tool_calls": [{"index": i, **call}
+                                     for i, call in enumerate(tool_calls(answer))]}
                      if answer.calls else {"content": answer.content})
             yield sse(completion.chunk(delta, with_usage=usage))
         yield sse(completion.chunk({}, reason, with_usage=usage))

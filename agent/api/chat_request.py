@@ -11,16 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agent.api.chat_tools import (
-    NamedChoice,
-    Tool,
-    ToolChoice,
-    answer_schema,
-    call_as_text,
-    tools_prompt,
-)
-from agent.api.guided_schema import REFUSAL, unsafe_keyword
+from agent.api.chat_tools import NamedChoice, Tool, ToolChoice, call_as_text, chosen, tools_schema
 from agent.api.request_body import BadRequest
+from agent.guided.functions import with_tools_prompt
+from agent.guided.unsafe_schema import REFUSAL, unsafe_keyword
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's own bound
 # No max_completion_tokens: the reply may take whatever the prompt leaves of the context.
@@ -186,11 +180,11 @@ class ChatCompletionRequest(BaseModel):
 
     def calls_tools(self) -> bool:
         """Whether the answer is generated in the tool format (chat_tools.py)."""
-        return answer_schema(self.tools or [], self.choice()) is not None
+        return tools_schema(self.tools or [], self.choice()) is not None
 
     def thinker_format(self) -> dict[str, Any] | None:
         """The structure the Thinker's answer is guided to: the tools', or response_format."""
-        schema = answer_schema(self.tools or [], self.choice())
+        schema = tools_schema(self.tools or [], self.choice())
         if schema is not None:
             return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
         return self.response_format.for_thinker() if self.response_format else None
@@ -199,11 +193,10 @@ class ChatCompletionRequest(BaseModel):
         """The history for the Thinker, the tools' system message after the first system
         message (or first)."""
         messages = [message.for_thinker() for message in self.messages]
-        if self.calls_tools():
-            at = 1 if messages[0]["role"] == "system" else 0
-            prompt = tools_prompt(self.tools or [], self.choice())
-            messages.insert(at, {"role": "system", "content": prompt})
-        return messages
+        if not self.calls_tools():
+            return messages
+        choice = self.choice()
+        return with_tools_prompt(messages, chosen(self.tools or [], choice), choice == "auto")
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

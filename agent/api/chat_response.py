@@ -49,7 +49,7 @@ class Completion:
                 "system_fingerprint": None}
 
     def whole(self, message: dict[str, Any], reason: str) -> dict[str, Any]:
-        """The non-streamed answer: the assistant's message (chat_tools.Answer.message)."""
+        """The non-streamed answer: the assistant's message (chat_tools.message_of)."""
         choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None}
         return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage()}
 

@@ -67,8 +67,9 @@ class Call(CallBase):
         on any failure the peer connection is closed before raising."""
         try:
             if session is not None:  # SessionConfigError: refused before any negotiation
-                start = configure(session, SessionConfig(self.conversation, self.vad.config))
-                self.conversation = start.conversation
+                start = configure(session, SessionConfig(self.conversation, self.vad.config,
+                                                         self.tools))
+                self.conversation, self.tools = start.conversation, start.tools
                 self.server_vad = start.conversation.server_vad
                 self.vad.reconfigure(start.vad)
             await apply_offer(self.pc, offer_sdp)

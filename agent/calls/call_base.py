@@ -22,6 +22,7 @@ from agent.ops import logs
 from agent.ops.metrics import Metrics
 from agent.ops.records import CallRecords
 from agent.realtime.events import ClientEventError, parse_client_event
+from agent.realtime.function_calls import SessionTools
 from agent.realtime.server_events import (
     error_event,
     new_id,
@@ -80,6 +81,7 @@ class CallBase:
         self.max_message_bytes = settings.max_event_bytes
         # The conversation's settings at the start: the server's, or the offer's session.
         self.conversation = settings.conversation
+        self.tools = SessionTools()  # the functions the call's session declared
         self.vad = VadSegmenter(settings.vad)
         self.server_vad = settings.conversation.server_vad  # off: the client commits its turns
         self.handler: CallHandler | None = None
@@ -119,7 +121,8 @@ class CallBase:
         if describe is not None:
             return describe()  # type: ignore[no-any-return]
         return session_object(
-            self.id, self.settings.profile, self.conversation, self.vad.config
+            self.id, self.settings.profile, self.conversation, self.vad.config,
+            self.tools.tools_field(), self.tools.choice_field(),
         )
 
     # -- caller audio ---------------------------------------------------------------------

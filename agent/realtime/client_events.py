@@ -6,16 +6,18 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from agent.realtime.function_calls import configure_tools
 from agent.realtime.server_events import (
     conversation_item_created,
     conversation_item_truncated,
     error_event,
+    function_call_output_item,
     input_audio_buffer_cleared,
     new_id,
     session_updated,
     user_text_item,
 )
-from agent.realtime.session_config import SessionConfigError, configure, text_only
+from agent.realtime.session_config import configure, text_only
 from media.audio_format import SAMPLE_RATE
 
 if TYPE_CHECKING:
@@ -79,15 +81,17 @@ class ClientEvents:
                 )
             )
             return
-        modalities = getattr(event.response, "output_modalities", None)
+        response = event.response
+        modalities = getattr(response, "output_modalities", None)
         try:
             text = text_only(modalities) if modalities is not None else None
-        except SessionConfigError as exc:
+            tools = configure_tools(response, self.session.tools) if response else None
+        except ValueError as exc:
             self.session.call.send_event(error_event(
                 f"response.create: {exc}", code="invalid_value", event_id=event.event_id,
-                param="response.output_modalities"))
+                param="response"))
             return
-        self.session.start_reply(text_only=text)
+        self.session.start_reply(text_only=text, tools=tools)
 
     def response_cancel(self, event: Any) -> None:
         if self.session.reply is None:
@@ -128,11 +132,14 @@ class ClientEvents:
 
     def conversation_item_create(self, event: Any) -> None:
         item = event.item
+        if item.type == "function_call_output":
+            self.function_call_output(event)
+            return
         texts = [c.text for c in getattr(item, "content", None) or [] if getattr(c, "text", None)]
         if item.type != "message" or item.role != "user" or not texts:
             self.session.call.send_event(
                 error_event(
-                    "only user text messages can be added",
+                    "only user text messages and function_call_output items can be added",
                     code="unsupported_item",
                     event_id=event.event_id,
                 )
@@ -145,6 +152,20 @@ class ClientEvents:
         settings = self.session.settings  # without server VAD the client asks for replies
         if settings.create_response and settings.server_vad and self.session.reply is None:
             self.session.start_reply()
+
+    def function_call_output(self, event: Any) -> None:
+        """What the client's function returned joins the history; the client then asks for
+        the reply that uses it (response.create), as with OpenAI."""
+        item, conversation = event.item, self.session.conversation
+        if conversation.function_call(item.call_id) is None:
+            self.session.call.send_event(error_event(
+                f"no function call {item.call_id!r} in the conversation", code="item_not_found",
+                event_id=event.event_id, param="item.call_id"))
+            return
+        item_id = item.id or new_id("item")
+        conversation.add(item_id, "tool", item.output, call_id=item.call_id)
+        self.session.call.send_event(conversation_item_created(
+            function_call_output_item(item_id, item.call_id, item.output)))
 
     def conversation_item_truncate(self, event: Any) -> None:
         replies = (self.session.reply, self.session.previous_reply)

@@ -12,8 +12,9 @@ class Item:
     """One message of the conversation, as the Thinker sees it."""
 
     item_id: str
-    role: str  # "user" | "assistant"
+    role: str  # "user" | "assistant" | "tool" (a function's output)
     text: str
+    call_id: str | None = None  # a function call, or the output of one
 
 
 class Conversation:
@@ -23,10 +24,15 @@ class Conversation:
         self.instructions = instructions
         self._items: deque[Item] = deque(maxlen=max_items)
 
-    def add(self, item_id: str, role: str, text: str) -> Item:
-        item = Item(item_id, role, text)
+    def add(self, item_id: str, role: str, text: str, call_id: str | None = None) -> Item:
+        item = Item(item_id, role, text, call_id)
         self._items.append(item)
         return item
+
+    def function_call(self, call_id: str) -> Item | None:
+        """The agent's call `call_id`, while the history still holds it."""
+        return next((i for i in self._items if i.call_id == call_id and i.role == "assistant"),
+                    None)
 
     def get(self, item_id: str) -> Item | None:
         return next((i for i in self._items if i.item_id == item_id), None)

@@ -7,10 +7,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.guided.functions import FunctionCall
 from agent.realtime.history import SpokenText
 from agent.realtime.server_events import (
     assistant_item,
     error_event,
+    function_call_item,
     output_audio_done,
     output_audio_transcript_done,
     output_item_done,
@@ -18,6 +20,7 @@ from agent.realtime.server_events import (
     response_done,
     response_object,
 )
+from pipeline.events import Turn
 
 
 class State(enum.StrEnum):
@@ -49,6 +52,13 @@ class Reply:
     audio_state: str = "idle"  # idle -> started -> stopped (the output audio buffer's events)
     underruns: int = 0  # the queue ran dry mid-reply (the next chunk came late)
     cut_ms: int | None = None  # the audio was cut here: what was heard no longer grows
+    # Function calling (function_calls.py): the Thinker answers in JSON first, read whole; its
+    # message item is announced only once the answer is words (then voiced by `follow_up`).
+    answers_in_json: bool = False
+    announced: bool = True
+    call: FunctionCall | None = None
+    call_item_id: str = ""
+    follow_up: Turn | None = None
 
     def played_ms(self, call_played_ms: int) -> int:
         if self.cut_ms is not None:
@@ -72,6 +82,8 @@ def done_events(
     events = []
     if error:
         events.append(error_event(error, code="response_failed", error_type="server_error"))
+    if reply.call is not None or not reply.announced:
+        return [*events, *_items_done(reply, status, usage, error, reason)]
     if status == "completed" and reply.text_only:
         events.append(output_text_done(response_id, item_id, transcript))
     elif status == "completed":
@@ -84,3 +96,19 @@ def done_events(
                            text_only=reply.text_only)
     events.append(response_done(body))
     return events
+
+
+def _items_done(reply: Reply, status: str, usage: dict[str, Any] | None, error: str | None,
+                reason: str | None) -> list[dict[str, Any]]:
+    """The end of a reply with no message item: its function call, or nothing at all (ended
+    before the answer was read)."""
+    output, events = [], []
+    if reply.call is not None:
+        call = reply.call
+        item = function_call_item(reply.call_item_id, call.call_id, call.name, call.arguments,
+                                  "completed")
+        output.append(item)
+        events.append(output_item_done(reply.response_id, item))
+    body = response_object(reply.response_id, status, output, usage=usage, reason=reason,
+                           error=error, text_only=reply.text_only)
+    return [*events, response_done(body)]

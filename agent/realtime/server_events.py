@@ -26,7 +26,8 @@ def server_event(event_type: str, **fields: Any) -> Event:
 
 
 def session_object(
-    session_id: str, profile: str, conversation: ConversationSettings, vad: VadConfig
+    session_id: str, profile: str, conversation: ConversationSettings, vad: VadConfig,
+    tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, str] = "auto",
 ) -> dict[str, Any]:
     """The session as `session.created` / `session.updated` (and a client secret) carry it."""
     pcm = {"type": "audio/pcm", "rate": 24000}
@@ -53,6 +54,8 @@ def session_object(
             "output": {"format": pcm, "voice": conversation.voice},
         },
         "max_output_tokens": conversation.max_reply_tokens,
+        "tools": tools or [],
+        "tool_choice": tool_choice,
     }
 
 
@@ -205,6 +208,19 @@ def conversation_item_truncated(item_id: str, audio_end_ms: int) -> Event:
     )
 
 
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
+                       status: str) -> dict[str, Any]:
+    """A call of one of the session's functions, as the agent made it."""
+    return {"id": item_id, "object": "realtime.item", "type": "function_call", "status": status,
+            "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def function_call_output_item(item_id: str, call_id: str, output: str) -> dict[str, Any]:
+    """What the client's function returned, for the call `call_id`."""
+    return {"id": item_id, "object": "realtime.item", "type": "function_call_output",
+            "status": "completed", "call_id": call_id, "output": output}
+
+
 # -- responses --------------------------------------------------------------------------------
 
 
@@ -215,17 +231,33 @@ def response_created(response_id: str, text_only: bool = False) -> Event:
 
 
 def output_item_added(response_id: str, item: dict[str, Any]) -> Event:
-    """`response.output_item.added`: the reply's one audio item, as it begins."""
+    """`response.output_item.added`: the reply's one item (audio, text or a function call), as
+    it begins."""
     return server_event(
         "response.output_item.added", response_id=response_id, output_index=0, item=item
     )
 
 
 def output_item_done(response_id: str, item: dict[str, Any]) -> Event:
-    """`response.output_item.done`: the reply's one audio item, as it ended."""
+    """`response.output_item.done`: the reply's one item, as it ended."""
     return server_event(
         "response.output_item.done", response_id=response_id, output_index=0, item=item
     )
+
+
+def function_call_arguments_delta(response_id: str, item_id: str, call_id: str,
+                                  delta: str) -> Event:
+    """`response.function_call_arguments.delta`: more of a call's JSON arguments."""
+    return server_event("response.function_call_arguments.delta", response_id=response_id,
+                        item_id=item_id, output_index=0, call_id=call_id, delta=delta)
+
+
+def function_call_arguments_done(response_id: str, item_id: str, call_id: str, name: str,
+                                 arguments: str) -> Event:
+    """`response.function_call_arguments.done`: a call's arguments, whole and valid JSON."""
+    return server_event("response.function_call_arguments.done", response_id=response_id,
+                        item_id=item_id, output_index=0, call_id=call_id, name=name,
+                        arguments=arguments)
 
 
 def _audio_content_event(event_type: str, response_id: str, item_id: str, **fields: Any) -> Event:

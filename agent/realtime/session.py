@@ -15,6 +15,7 @@ import numpy as np
 from agent.config import ConversationSettings
 from agent.ops.logs import context as log_context
 from agent.realtime.client_events import ClientEvents
+from agent.realtime.function_calls import SessionTools
 from agent.realtime.history import Conversation
 from agent.realtime.playback import Playback
 from agent.realtime.reply import Reply, State, done_events
@@ -33,6 +34,7 @@ from agent.realtime.server_events import (
     user_audio_item,
 )
 from agent.realtime.session_config import SessionConfig
+from agent.realtime.tool_answers import answered, merged_usage
 from agent.realtime.transport import AudioOutEnded, CallTransport
 from media.vad import SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
@@ -50,6 +52,7 @@ class Session:
         self.call = call
         self.pipeline = pipeline
         self.settings = settings.model_copy()
+        self.tools = call.tools
         self.conversation = Conversation(settings.instructions, settings.max_history_items)
         self.state = State.LISTENING
         self.reply: Reply | None = None
@@ -63,16 +66,17 @@ class Session:
 
     def session_object(self) -> dict[str, Any]:
         return session_object(
-            self.call.id, self.call.settings.profile, self.settings, self.call.vad.config
+            self.call.id, self.call.settings.profile, self.settings, self.call.vad.config,
+            self.tools.tools_field(), self.tools.choice_field(),
         )
 
     def config(self) -> SessionConfig:
-        """The conversation and VAD settings the call runs with now."""
-        return SessionConfig(self.settings, self.call.vad.config)
+        """The conversation, VAD and tool settings the call runs with now."""
+        return SessionConfig(self.settings, self.call.vad.config, self.tools)
 
     def apply(self, config: SessionConfig) -> None:
         """Run with `config` from now on (a `session.update` already checked)."""
-        self.settings = config.conversation
+        self.settings, self.tools = config.conversation, config.tools
         self.conversation.instructions = config.conversation.instructions
         self.call.server_vad = config.conversation.server_vad
         if config.vad != self.call.vad.config:
@@ -182,10 +186,12 @@ class Session:
 
     # -- replies --------------------------------------------------------------------------
 
-    def start_reply(self, text_only: bool | None = None) -> Reply:
+    def start_reply(self, text_only: bool | None = None,
+                    tools: SessionTools | None = None) -> Reply:
         """Start a response to the conversation so far, hearing the caller's committed
         utterances that no reply has heard yet; in text alone if asked (else as the session
-        says)."""
+        says). With functions to call (the session's `tools`, or this response's), the Thinker
+        answers in JSON first (tool_answers.py)."""
         audio, user_item_id = self._take_unanswered()
         self._turns += 1
         reply = Reply(
@@ -198,23 +204,35 @@ class Session:
         )
         self.reply = reply
         self.state = State.THINKING
-        self.conversation.add(reply.item_id, "assistant", "")
+        tools = self.tools if tools is None else tools
+        answer_format = tools.answer_format()
+        messages = self.conversation.messages()
+        reply.answers_in_json = answer_format is not None
+        reply.announced = answer_format is None
         turn = Turn(
             turn_id=reply.turn_id,
             call_id=self.call.id,
-            messages=self.conversation.messages(),
+            messages=tools.thinker_messages(messages) if reply.answers_in_json else messages,
             audio=audio,
             max_tokens=self.settings.max_reply_tokens,
             voice=self.settings.voice,
-            speak=not reply.text_only,
+            response_format=answer_format,
+            speak=not reply.text_only and not reply.answers_in_json,
         )
-        item = assistant_item(reply.item_id, "", "in_progress", reply.text_only)
         self.call.send_event(response_created(reply.response_id, reply.text_only))
-        self.call.send_event(output_item_added(reply.response_id, item))
-        self.call.send_event(conversation_item_created(item))
+        if reply.announced:
+            self.announce(reply)
         with log_context(turn_id=reply.turn_id):  # the reply's tasks log as its turn's
             reply.task = asyncio.ensure_future(self._run(reply, turn))
         return reply
+
+    def announce(self, reply: Reply) -> None:
+        """The reply's message item joins the history and goes to the client, empty."""
+        reply.announced = True
+        self.conversation.add(reply.item_id, "assistant", "")
+        item = assistant_item(reply.item_id, "", "in_progress", reply.text_only)
+        self.call.send_event(output_item_added(reply.response_id, item))
+        self.call.send_event(conversation_item_created(item))
 
     def _take_unanswered(self) -> tuple[np.ndarray | None, str | None]:
         """The unanswered utterances as one audio, and the item the transcript belongs to."""
@@ -227,11 +245,15 @@ class Session:
         return np.concatenate([pcm for _, pcm in items]), items[-1][0]
 
     async def _run(self, reply: Reply, turn: Turn) -> None:
+        """Run the reply's turn, and the follow-up that voices an answer read from JSON."""
         try:
-            async for event in self.pipeline.respond(turn):
-                if self.reply is not reply:
-                    return
-                await self._on_pipeline_event(reply, event)
+            next_turn: Turn | None = turn
+            while next_turn is not None:
+                async for event in self.pipeline.respond(next_turn):
+                    if self.reply is not reply:
+                        return
+                    await self._on_pipeline_event(reply, event)
+                next_turn, reply.follow_up = reply.follow_up, None
         except asyncio.CancelledError:
             raise
         except AudioOutEnded:
@@ -241,7 +263,7 @@ class Session:
             self.call.spawn(self._end_call_without_track())
         except Exception as exc:  # the pipeline's own failures arrive as TurnFailed
             log.exception("call %s: reply %s broke", self.call.id, reply.response_id)
-            self._finish(reply, "failed", error=str(exc))
+            self.finish(reply, "failed", error=str(exc))
 
     async def _end_call_without_track(self) -> None:
         """End the call if its own close does not come soon: audio that stopped for any other
@@ -252,18 +274,22 @@ class Session:
     async def _on_pipeline_event(self, reply: Reply, event: Any) -> None:
         if isinstance(event, TextDelta):
             reply.text += event.text
+            if reply.answers_in_json:
+                return  # read whole at the end (tool_answers.py)
             delta = output_text_delta if reply.text_only else output_audio_transcript_delta
             self.call.send_event(delta(reply.response_id, reply.item_id, event.text))
         elif isinstance(event, AudioChunk) and not reply.text_only:
             await self._play(reply, event)
         elif isinstance(event, Transcript):
             self._user_transcript(reply, event.text)
+        elif isinstance(event, TurnDone) and reply.answers_in_json:
+            answered(self, reply, event)
         elif isinstance(event, TurnDone):
             reply.text = event.text
-            reply.usage = event.usage
-            self._finish(reply, "completed", usage=usage_object(event.usage))
+            reply.usage = merged_usage(reply.usage, event.usage)
+            self.finish(reply, "completed", usage=usage_object(reply.usage))
         elif isinstance(event, TurnFailed):
-            self._finish(reply, "failed", error=str(event.error))
+            self.finish(reply, "failed", error=str(event.error))
 
     async def _play(self, reply: Reply, chunk: AudioChunk) -> None:
         outbound = self.call.outbound
@@ -289,7 +315,7 @@ class Session:
             item.text = text
         self.call.send_event(input_audio_transcription_completed(reply.user_item_id, text))
 
-    def _finish(
+    def finish(
         self,
         reply: Reply,
         status: str,
@@ -347,7 +373,7 @@ class Session:
             reply.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reply.task
-        self._finish(reply, "cancelled", reason=reason, text=self.heard(reply))
+        self.finish(reply, "cancelled", reason=reason, text=self.heard(reply))
 
     async def aclose(self) -> None:
         if self._barge_in_watch is not None:

@@ -1,15 +1,17 @@
 """A Realtime session object (the call's `session` at its start, or a `session.update`) turned
-into the conversation and VAD settings it asks for: every change, or a ValueError and none."""
+into the conversation, VAD and tool settings it asks for: every change, or a ValueError and
+none."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from agent.config import ConversationSettings
+from agent.realtime.function_calls import SessionTools, ToolsError, configure_tools
 from media.vad import VadConfig
 
 MAX_REPLY_TOKENS = 4096  # what "inf" means here: the Thinker's context bounds it anyway
@@ -27,10 +29,11 @@ class SessionConfigError(ValueError):
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """What a call's conversation and its VAD run with."""
+    """What a call's conversation, its VAD and its function calling run with."""
 
     conversation: ConversationSettings
     vad: VadConfig
+    tools: SessionTools = field(default_factory=SessionTools)
 
 
 def configure(update: Any, current: SessionConfig) -> SessionConfig:
@@ -63,7 +66,11 @@ def configure(update: Any, current: SessionConfig) -> SessionConfig:
             conversation.barge_in = detection.interrupt_response
         if detection.create_response is not None:
             conversation.create_response = detection.create_response
-    return SessionConfig(conversation, vad)
+    try:
+        tools = configure_tools(update, current.tools)
+    except ToolsError as exc:
+        raise SessionConfigError(str(exc)) from None
+    return SessionConfig(conversation, vad, tools)
 
 
 def text_only(output_modalities: list[str]) -> bool:

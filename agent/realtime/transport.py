@@ -12,6 +12,7 @@ import numpy as np
 from agent.config import ConversationSettings, Settings
 from agent.ops.metrics import Metrics
 from agent.ops.records import CallRecords
+from agent.realtime.function_calls import SessionTools
 from media.vad import VadSegmenter
 
 
@@ -48,6 +49,7 @@ class CallTransport(Protocol):
     id: str
     settings: Settings
     conversation: ConversationSettings
+    tools: SessionTools
     vad: VadSegmenter
     server_vad: bool  # the VAD ends the caller's turns; off: the client commits them
     outbound: AudioOut

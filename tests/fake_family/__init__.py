@@ -7,7 +7,9 @@ Settings (per stage, from the profile) steer failures: `fail_start` (reason), `e
 while running), `start_delay_s` (a slow start), `token_s` (delay per output).
 A Thinker message containing "HANG" blocks the worker's event loop (a hung worker); one
 containing "STALL" takes the request and never answers it until it is aborted (a stuck engine,
-in a worker that still heartbeats).
+in a worker that still heartbeats). A job guided by a response_format answers with what its
+last message says after "JSON:" (a scripted answer in place of a grammar's); a recited job says
+the text it recites.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pipeline.stage import (
     StageContext,
     TalkerJob,
     TalkerOutput,
+    ThinkerJob,
     ThinkerOutput,
     VoiceBoxOutput,
 )
@@ -35,6 +38,11 @@ from pipeline.stage import (
 WORDS = ("Hello", "there,", "this", "is", "a", "test", "reply.", "It", "has", "clauses,",
          "words", "and", "sentences;", "enough", "to", "cut", "chunks.")
 HIDDEN = 8
+FAKE_PIPELINE = {  # the pipeline settings of a server on this family
+    "family": "tests.fake_family",
+    "pool": {"block_count": 32, "block_size": 1 << 20},
+    "restart": {"heartbeat_s": 0.1, "heartbeat_timeout_s": 10.0},
+}
 SAMPLE_RATE = 16_000
 SAMPLES_PER_TOKEN = 160
 
@@ -106,12 +114,22 @@ class FakeThinker(_FakeStage):
         if job.audio is not None:
             samples = self.pool.view(job.audio)
             yield ThinkerOutput(job.request_id, transcript=f"<{len(samples)} samples>")
-        words = reply_words(job.max_tokens)
+        words = self._words(job)
         async for i in self._steps(job.request_id, len(words)):
             embeds = await self.ctx.send_tensor(np.full((1, HIDDEN), i, np.float32))
             text = words[i] if i == 0 else " " + words[i]
             yield ThinkerOutput(job.request_id, text=text, token_ids=[i], embeds=embeds)
         yield ThinkerOutput(job.request_id, finished=True, finish_reason="length")
+
+
+    @staticmethod
+    def _words(job: ThinkerJob) -> list[str]:
+        if job.recite is not None:
+            return job.recite.split(" ")
+        scripted = job.messages[-1]["content"].partition("JSON:")[2] if job.messages else ""
+        if job.response_format is not None and scripted:
+            return scripted.split(" ")
+        return reply_words(job.max_tokens)
 
 
 class FakeTalker(_FakeStage):
