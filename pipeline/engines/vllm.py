@@ -62,6 +62,8 @@ class EngineSettings:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None  # tokens per engine step; longer prompts are chunked
     seed: int = 0
+    # "dummy": random weights of the model's shapes, none read (GPU checks without weights)
+    load_format: str = "auto"
     cpu_cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND for this engine, e.g. "1"
     structured_outputs_backend: str = "xgrammar"
     disable_any_whitespace: bool = True  # compact JSON: fewer tokens for the same answer
@@ -290,6 +292,7 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         seed=settings.seed,
+        load_format=settings.load_format,
         tensor_parallel_size=settings.tensor_parallel_size,
         pipeline_parallel_size=settings.pipeline_parallel_size,
         structured_outputs_config=StructuredOutputsConfig(
