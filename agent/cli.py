@@ -50,13 +50,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     turn.add_argument("--log-level", default="warning")
     add_bench_calls(bench_cmd)
     add_bench_asr(bench_cmd)
+    add_bench_answers(bench_cmd)
     return parser.parse_args(argv)
 
 
 # The settings `omnivox serve` takes as flags (--max-calls for max_calls); every setting, these
 # included, is also read from its environment variable (OMNIVOX_MAX_CALLS).
-SERVE_FLAGS = ("host", "port", "profile", "models_dir", "model_version", "data_dir", "max_calls",
-               "log_level", "log_format")
+SERVE_FLAGS = ("host", "port", "profile", "models_dir", "model_version", "model_path",
+               "data_dir", "max_calls", "log_level", "log_format")
 # Flags of any command that are settings, whose value (when given) is handed to Settings.
 SETTING_FLAGS = (*SERVE_FLAGS,)
 
@@ -120,6 +121,18 @@ def bench_asr(args: argparse.Namespace, settings: Settings) -> int:
     return command(args, settings)
 
 
+def add_bench_answers(bench_cmd: Any) -> None:
+    from agent.bench.answers import add_parser
+
+    add_parser(bench_cmd)
+
+
+def bench_answers(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.bench.answers import command
+
+    return command(args, settings)
+
+
 def concurrency_levels(text: str) -> list[int]:
     try:
         levels = [int(part) for part in text.split(",") if part.strip()]
@@ -179,6 +192,8 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
     pipeline = build_pipeline(settings, pipeline_overrides(args))
     check_served_version(pipeline.settings.family, pipeline.settings.models_dir)
+    if pipeline.settings.model_path is not None:
+        check_real_weights(pipeline.settings.family, pipeline.settings.model_path)
     app = create_app(settings, pipeline=pipeline)
     print(f"omnivox: serving profile {settings.profile!r} at "
           f"http://{settings.host}:{settings.port}/")
@@ -206,6 +221,16 @@ def check_served_version(family: str, root: Path) -> None:
         else:
             check_engines(family, root, manifest)
     except ModelVersionError as exc:
+        raise CommandLineError(str(exc)) from None
+
+
+def check_real_weights(family: str, path: Path) -> None:
+    """Before serving: the real checkpoint is there and of the family's architecture."""
+    from pipeline.models import check_checkpoint
+
+    try:
+        check_checkpoint(family, path)
+    except (OSError, ValueError) as exc:
         raise CommandLineError(str(exc)) from None
 
 
@@ -288,6 +313,7 @@ COMMANDS = {
     ("bench", "turn"): bench_turn,
     ("bench", "calls"): bench_calls,
     ("bench", "asr"): bench_asr,
+    ("bench", "answers"): bench_answers,
 }
 
 
