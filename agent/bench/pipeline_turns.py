@@ -18,6 +18,8 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
+
 from agent.bench.transport import DEFAULT_SIZES, shm_vs_pickle
 from pipeline.events import AudioChunk, Turn, TurnDone
 from pipeline.orchestrator import Pipeline
@@ -27,10 +29,13 @@ MESSAGES = [{"role": "system", "content": "You are a friendly voice assistant."}
             {"role": "user", "content": "Tell me about the opening hours of the library."}]
 
 
-async def _turn(pipe: Pipeline, turn_id: str, tokens: int, overlap: bool = True) -> float:
-    """Run one turn to its end; seconds from its start to its first audio."""
+async def run_turn(pipe: Pipeline, turn_id: str, tokens: int, overlap: bool = True,
+                   audio: np.ndarray | None = None) -> float:
+    """Run one turn (with the caller's `audio`, int16 at 16 kHz, if given) to its end; seconds
+    from its start to its first audio."""
     began, first_audio = time.perf_counter(), None
-    async for event in pipe.respond(Turn(turn_id, MESSAGES, max_tokens=tokens), overlap=overlap):
+    turn = Turn(turn_id, MESSAGES, audio=audio, max_tokens=tokens)
+    async for event in pipe.respond(turn, overlap=overlap):
         if isinstance(event, AudioChunk) and first_audio is None:
             first_audio = time.perf_counter() - began
         last = event
@@ -43,8 +48,8 @@ async def cascade_vs_sequential(pipe: Pipeline, tokens: int = 100, repeats: int 
     """First-audio time of a `tokens`-long reply, overlapped and sequential (medians)."""
     cascade, sequential = [], []
     for i in range(repeats):  # interleaved, so a slow moment of the machine hits both
-        cascade.append(await _turn(pipe, f"bench-cascade-{i}", tokens, overlap=True))
-        sequential.append(await _turn(pipe, f"bench-sequential-{i}", tokens, overlap=False))
+        cascade.append(await run_turn(pipe, f"bench-cascade-{i}", tokens, overlap=True))
+        sequential.append(await run_turn(pipe, f"bench-sequential-{i}", tokens, overlap=False))
     c, s = statistics.median(cascade), statistics.median(sequential)
     return {"reply_tokens": tokens, "cascade_first_audio_s": round(c, 4),
             "sequential_first_audio_s": round(s, 4), "ratio": round(s / c, 2)}
@@ -56,8 +61,8 @@ async def concurrency(pipe: Pipeline, counts: tuple[int, ...] = (1, 8, 32),
     rows = []
     for n in counts:
         began = time.perf_counter()
-        firsts = await asyncio.gather(*(_turn(pipe, f"bench-conc{n}-{i}", tokens)
-                                        for i in range(n)))
+        firsts = await asyncio.gather(*(run_turn(pipe, f"bench-conc{n}-{i}", tokens)
+                                       for i in range(n)))
         wall = time.perf_counter() - began
         rows.append({"turns": n, "reply_tokens": tokens, "wall_s": round(wall, 3),
                      "turns_per_s": round(n / wall, 2),
@@ -73,7 +78,7 @@ async def bench_pipeline(settings: PipelineSettings | dict[str, Any], *, tokens:
     async with Pipeline(settings) as pipe:
         if not pipe.health().ready:
             raise RuntimeError(f"pipeline not ready: {pipe.health().stages}")
-        await _turn(pipe, "bench-warm-up", 8)  # first requests pay one-time engine costs
+        await run_turn(pipe, "bench-warm-up", 8)  # first requests pay one-time engine costs
         result: dict[str, Any] = {
             "cascade_vs_sequential": await cascade_vs_sequential(pipe, tokens, repeats),
             "concurrency": await concurrency(pipe, counts, concurrency_tokens),
