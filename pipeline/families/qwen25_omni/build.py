@@ -39,11 +39,12 @@ THINKER_LM = "thinker_lm"
 
 
 def build_qwen25_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
-                      release: Path | None = None) -> Path:
+                      release: Path | None = None, dummy_weights: bool = False) -> Path:
     """Build (or find already built) the family under `models_dir`; its directory.
 
     `release`: a real Qwen2.5-Omni release directory (checked first); None builds the tiny
-    random one from `seed`.
+    random one from `seed`. `dummy_weights`: the release is weightless (`real_size.py`), and
+    so are the parts derived from it where a conversion only renames.
     """
     if release is not None:
         release = Path(release).resolve()
@@ -51,6 +52,8 @@ def build_qwen25_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
     fields = {"family": FAMILY, "recipe": RECIPE,
               "seed": seed if release is None else None,
               "release": TINY_RELEASE if release is None else str(release)}
+    if dummy_weights:  # only then: builds from before the option still match
+        fields["dummy_weights"] = True
     return build_once(models_dir, FAMILY, lambda target: manifest_matches(target, fields),
                       lambda staging: _write_all(staging, release, fields, progress))
 
@@ -79,7 +82,8 @@ def _write_all(root: Path, release: Path | None, fields: dict, progress: bool) -
         steps.append(("tiny release (random weights)",
                       lambda: write_tiny_release(source, int(fields["seed"]))))
     steps += [
-        ("thinker LM", lambda: write_thinker_lm(source, root / THINKER_LM)),
+        ("thinker LM", lambda: write_thinker_lm(source, root / THINKER_LM,
+                                                bool(fields.get("dummy_weights")))),
         ("talker LM", lambda: convert_talker(source, root / TALKER_LM)),
         ("manifest", lambda: write_manifest(root, fields)),
     ]

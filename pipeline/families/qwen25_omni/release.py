@@ -21,14 +21,16 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from tokenizers import Tokenizer
 from transformers import (
     GenerationConfig,
+    Qwen2_5OmniConfig,
     Qwen2_5OmniForConditionalGeneration,
     WhisperFeatureExtractor,
 )
 
 from pipeline.families.qwen25_omni import tiny_tokenizer
-from pipeline.families.qwen25_omni.tiny_config import tiny_config
+from pipeline.families.qwen25_omni.tiny_config import TokenIds, tiny_config
 
 ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
 MODEL_TYPE = "qwen2_5_omni"
@@ -54,9 +56,20 @@ def write_tiny_release(directory: Path, seed: int) -> None:
     model = Qwen2_5OmniForConditionalGeneration(config).eval()
     with torch.no_grad():  # random weights speak at ~1e-8 of full scale: make the noise heard
         model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(BIGVGAN_GAIN)
-    model.generation_config = GenerationConfig(eos_token_id=[ids.im_end, ids.pad],
-                                               pad_token_id=ids.pad)
+    model.generation_config = generation_config(ids)
     model.save_pretrained(directory)
+    write_release_files(directory, tokenizer, config, seed)
+
+
+def generation_config(ids: TokenIds) -> GenerationConfig:
+    """The release's generation config: a reply ends at <|im_end|> or the pad id."""
+    return GenerationConfig(eos_token_id=[ids.im_end, ids.pad], pad_token_id=ids.pad)
+
+
+def write_release_files(directory: Path, tokenizer: Tokenizer, config: Qwen2_5OmniConfig,
+                        seed: int) -> None:
+    """What a release holds beside config and weights: the tokenizer, the feature extractor
+    and spk_dict.pt (random speakers of the config's sizes, from `seed`)."""
     tiny_tokenizer.save_tokenizer(tokenizer, directory)
     WhisperFeatureExtractor(feature_size=N_MELS).save_pretrained(directory)
     token2wav: Any = config.token2wav_config  # a sub-config (typed as dict | config | None)

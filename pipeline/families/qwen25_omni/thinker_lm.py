@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_file
-from transformers import AutoTokenizer, Qwen2_5OmniConfig, Qwen2Config
+from transformers import AutoTokenizer, Qwen2_5OmniConfig, Qwen2Config, Qwen2ForCausalLM
 
 from pipeline.families.build_support import write_json
+from pipeline.families.dummy_weights import meta_tensors, write_sparse_checkpoint
 from pipeline.families.qwen25_omni.release import (
     WEIGHTS_INDEX,
     release_shards,
@@ -29,12 +30,20 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "mer
                    "chat_template.json", "special_tokens_map.json", "added_tokens.json")
 
 
-def write_thinker_lm(release: Path, directory: Path) -> None:
-    """Write the thinker's LM from the release directory `release` into `directory`."""
+def write_thinker_lm(release: Path, directory: Path, dummy_weights: bool = False) -> None:
+    """Write the thinker's LM from the release directory `release` into `directory`.
+
+    `dummy_weights`: the release is weightless (`dummy_weights.py`); so is the LM, written as
+    the renaming would (holes stay holes) without reading or writing its data.
+    """
     release, directory = Path(release), Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    lm_config(release).save_pretrained(directory)
-    _write_weights(release, directory)
+    config = lm_config(release)
+    config.save_pretrained(directory)
+    if dummy_weights:
+        write_sparse_checkpoint(directory, meta_tensors(lambda: Qwen2ForCausalLM(config)))
+    else:
+        _write_weights(release, directory)
     for name in TOKENIZER_FILES:
         if (release / name).is_file():
             shutil.copyfile(release / name, directory / name)
