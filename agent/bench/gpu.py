@@ -1,0 +1,195 @@
+"""`omnivox bench gpu`: the real-architecture families at their real sizes, no weights, on a GPU.
+
+For each family (`gpu_families`): build it, start its pipeline, run 1, 16 and 64 concurrent
+turns (`pipeline_turns.run_turn`; a short caller utterance with each qwen25_omni turn), take
+first audio p50/p95, turns/s and each stage's GPU memory (`gpu_memory`), stop it; then run
+tests/test_cuda_ipc_transport.py. Figures are printed and written as JSON, none asserted.
+Without CUDA it refuses in one line (exit 2); `--size tiny` runs the same harness on the CPU
+with the tiny checkpoints, and `--dry-run` builds the directories and prints each stage's
+parameters and weight memory without starting anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.bench.gpu_families import CPU_PARTS, FAMILIES, FamilyRun, prepare
+from agent.bench.gpu_memory import stage_gpu_memory
+from agent.bench.pipeline_turns import run_turn
+
+NO_CUDA = ("omnivox bench gpu: no CUDA device here (torch.cuda.is_available() is False); "
+           "--size tiny runs the same check on the CPU, --dry-run only builds and sizes")
+LEVELS = {"real": [1, 16, 64], "tiny": [1, 2]}
+REPLY_TOKENS = {"real": 24, "tiny": 8}
+LEVEL_TIMEOUT_S = {"real": 60.0, "tiny": 300.0}  # a level past it is cut, and says so
+CUDA_IPC_TEST = Path(__file__).resolve().parents[2] / "tests" / "test_cuda_ipc_transport.py"
+CALLER_AUDIO_S = 1.0
+GIB_F = float(2**30)
+
+
+def add_parser(bench_cmd: Any) -> None:
+    """`omnivox bench gpu`'s flags."""
+    gpu = bench_cmd.add_parser(
+        "gpu", help="real-size qwen25_omni and orpheus, dummy weights, on a GPU: first audio, "
+        "turns/s, memory per stage, CUDA IPC test")
+    gpu.add_argument("--size", choices=["real", "tiny"], default="real",
+                     help="real: the release sizes, no weights (GPU); tiny: the CPU rehearsal")
+    gpu.add_argument("--dry-run", action="store_true",
+                     help="build the directories, print parameters and weight memory, stop")
+    gpu.add_argument("--families", default=",".join(FAMILIES), help="comma-separated")
+    gpu.add_argument("--levels", default=None,
+                     help="concurrent turns, comma-separated (default: 1,16,64; tiny: 1,2)")
+    gpu.add_argument("--root", type=Path, default=None,
+                     help="where the families are built (default: <models_dir>/gpu-check-SIZE)")
+    gpu.add_argument("--json", dest="json_path", default="gpu-check.json",
+                     help="write the figures here (default: gpu-check.json)")
+
+
+def command(args: Any, settings: Any) -> int:
+    """`omnivox bench gpu` from its parsed flags."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if args.size == "real" and not cuda and not args.dry_run:
+        print(NO_CUDA)
+        return 2
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the figures, not engine chatter
+    root = args.root or Path(settings.models_dir) / f"gpu-check-{args.size}"
+    levels = ([int(n) for n in args.levels.split(",")] if args.levels
+              else LEVELS[args.size])
+    families = [name.strip() for name in args.families.split(",") if name.strip()]
+    result = run_check(families, args.size, root, cuda and args.size == "real",
+                       levels, args.dry_run)
+    print_report(result)
+    Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written: {args.json_path}")
+    return 0
+
+
+def run_check(families: list[str], size: str, root: Path, cuda: bool, levels: list[int],
+              dry_run: bool) -> dict[str, Any]:
+    """The check's figures (see the module's docstring)."""
+    result: dict[str, Any] = {"size": size, "cuda": cuda, "dry_run": dry_run,
+                              "device": _device_name(cuda), "levels": levels, "families": {}}
+    for family in families:
+        began = time.perf_counter()
+        run = prepare(family, size, root, cuda)
+        row: dict[str, Any] = {"build_s": round(time.perf_counter() - began, 1),
+                               "stages": run.sizes, "on_cpu": CPU_PARTS[family]}
+        if not dry_run:
+            try:  # one family failing still leaves the other's figures and the IPC test
+                row |= asyncio.run(_serve(run, levels, size, cuda))
+            except Exception as exc:  # reported in the figures, not raised
+                row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        result["families"][family] = row
+    if not dry_run:
+        result["cuda_ipc_test"] = cuda_ipc_test()
+    return result
+
+
+async def _serve(run: FamilyRun, levels: list[int], size: str, cuda: bool) -> dict[str, Any]:
+    """Start the family's pipeline, run each level, stop it."""
+    from pipeline.orchestrator import Pipeline
+    from pipeline.settings import PipelineSettings
+
+    audio = caller_audio() if run.audio else None
+    began = time.perf_counter()
+    async with Pipeline(PipelineSettings.model_validate(run.settings)) as pipe:
+        if not pipe.health().ready:
+            raise RuntimeError(f"{run.family} pipeline not ready: {pipe.health().stages}")
+        start_s = time.perf_counter() - began
+        tokens = REPLY_TOKENS[size]
+        await run_turn(pipe, f"gpu-{run.family}-warm-up", tokens, audio=audio)
+        rows, memory = [], {}
+        for n in levels:
+            rows.append(await _level(pipe, run.family, n, tokens, audio, LEVEL_TIMEOUT_S[size]))
+            memory = _peak(memory, stage_gpu_memory(pipe) if cuda else {})
+    return {"start_s": round(start_s, 1), "reply_tokens": tokens, "levels": rows,
+            "gpu_memory_mib": memory if cuda else "no CUDA: not measured"}
+
+
+async def _level(pipe: Any, family: str, n: int, tokens: int, audio: np.ndarray | None,
+                 timeout_s: float) -> dict[str, Any]:
+    """`n` turns started at once: first audio p50/p95, turns/s (or that it ran out of time)."""
+    began = time.perf_counter()
+    turns = (run_turn(pipe, f"gpu-{family}-{n}-{i}", tokens, audio=audio) for i in range(n))
+    try:
+        firsts = await asyncio.wait_for(asyncio.gather(*turns), timeout_s)
+    except TimeoutError:
+        return {"turns": n, "timed_out_after_s": timeout_s}
+    wall = time.perf_counter() - began
+    return {"turns": n, "wall_s": round(wall, 3), "turns_per_s": round(n / wall, 3),
+            "first_audio_p50_s": round(statistics.median(firsts), 4),
+            "first_audio_p95_s": round(percentile(firsts, 95), 4)}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile, linearly interpolated (numpy's default)."""
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def caller_audio(seconds: float = CALLER_AUDIO_S) -> np.ndarray:
+    """A short caller utterance: a 220 Hz tone with a syllable-rate envelope, int16 at 16 kHz
+    (what it says does not matter: the audio tower's cost is its length)."""
+    t = np.arange(int(16000 * seconds)) / 16000
+    wave = np.sin(2 * np.pi * 220 * t) * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t))
+    return (wave * 8000).astype(np.int16)
+
+
+def cuda_ipc_test() -> dict[str, Any]:
+    """Run tests/test_cuda_ipc_transport.py; its exit status and last line."""
+    if not CUDA_IPC_TEST.is_file():
+        return {"outcome": f"not run: {CUDA_IPC_TEST} absent (not a source checkout)"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               str(CUDA_IPC_TEST)]
+    began = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          cwd=CUDA_IPC_TEST.parents[1], check=False)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    return {"returncode": done.returncode, "outcome": lines[-1] if lines else done.stderr[-300:],
+            "seconds": round(time.perf_counter() - began, 1)}
+
+
+def print_report(result: dict[str, Any]) -> None:
+    """The figures as a few readable lines."""
+    print(f"omnivox bench gpu: size {result['size']} on {result['device']}"
+          f"{' (dry run)' if result['dry_run'] else ''}")
+    for family, row in result["families"].items():
+        print(f"{family}: built in {row['build_s']} s; on the CPU: "
+              f"{', '.join(row['on_cpu']) or 'nothing'}")
+        for stage, parts in row["stages"].items():
+            for part, size in parts.items():
+                print(f"  {stage:8} {part:30} {size['parameters'] / 1e6:9.1f} M parameters "
+                      f"{size['weight_bytes'] / GIB_F:7.2f} GiB weights")
+        for level in row.get("levels", []):
+            print(f"  {level['turns']:3} turns: " + ", ".join(
+                f"{key} {value}" for key, value in level.items() if key != "turns"))
+        if "error" in row:
+            print(f"  failed: {row['error']}")
+        if "gpu_memory_mib" in row:
+            print(f"  GPU memory (MiB, process level): {row['gpu_memory_mib']}")
+    if "cuda_ipc_test" in result:
+        print(f"tests/test_cuda_ipc_transport.py: {result['cuda_ipc_test']}")
+
+
+
+def _peak(before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
+    return {stage: max(before.get(stage, 0), now.get(stage, 0)) for stage in {*before, *now}}
+
+
+def _device_name(cuda: bool) -> str:
+    if not cuda:
+        return "CPU"
+    import torch
+
+    return str(torch.cuda.get_device_name(0))
