@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     turn.add_argument("--log-level", default="warning")
     add_bench_calls(bench_cmd)
     add_bench_asr(bench_cmd)
+    add_bench_gpu(bench_cmd)
     add_bench_answers(bench_cmd)
     return parser.parse_args(argv)
 
@@ -129,6 +130,18 @@ def add_bench_answers(bench_cmd: Any) -> None:
 
 def bench_answers(args: argparse.Namespace, settings: Settings) -> int:
     from agent.bench.answers import command
+
+    return command(args, settings)
+
+
+def add_bench_gpu(bench_cmd: Any) -> None:
+    from agent.bench.gpu import add_parser
+
+    add_parser(bench_cmd)
+
+
+def bench_gpu(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.bench.gpu import command
 
     return command(args, settings)
 
@@ -313,6 +326,7 @@ COMMANDS = {
     ("bench", "turn"): bench_turn,
     ("bench", "calls"): bench_calls,
     ("bench", "asr"): bench_asr,
+    ("bench", "gpu"): bench_gpu,
     ("bench", "answers"): bench_answers,
 }
 
