@@ -77,7 +77,7 @@ def test_dry_run_writes_each_stage_size(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["dry_run"] and result["size"] == "tiny"
     assert set(result["families"]) == {"qwen25_omni", "orpheus"}
-    assert "cuda_ipc_test" not in result
+    assert "cuda_ipc_tests" not in result
     omni, orpheus = result["families"]["qwen25_omni"], result["families"]["orpheus"]
     assert set(omni["stages"]) == {"thinker", "talker", "voicebox"}
     assert set(orpheus["stages"]) == {"talker", "voicebox"}

@@ -3,7 +3,8 @@
 For each family (`gpu_families`): build it, start its pipeline, run 1, 16 and 64 concurrent
 turns (`pipeline_turns.run_turn`; a short caller utterance with each qwen25_omni turn), take
 first audio p50/p95, turns/s and each stage's GPU memory (`gpu_memory`), stop it; then run
-tests/test_cuda_ipc_transport.py. Figures are printed and written as JSON, none asserted.
+tests/test_cuda_ipc_transport.py and tests/test_cuda_ipc_gpu.py. Figures are printed and
+written as JSON, none asserted.
 Without CUDA it refuses in one line (exit 2); `--size tiny` runs the same harness on the CPU
 with the tiny checkpoints, and `--dry-run` builds the directories and prints each stage's
 parameters and weight memory without starting anything.
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from agent.bench.gpu_families import CPU_PARTS, FAMILIES, FamilyRun, prepare
-from agent.bench.gpu_memory import stage_gpu_memory
+from agent.bench.gpu_memory import MemoryWatch
 from agent.bench.pipeline_turns import run_turn
 
 NO_CUDA = ("omnivox bench gpu: no CUDA device here (torch.cuda.is_available() is False); "
@@ -32,7 +33,9 @@ NO_CUDA = ("omnivox bench gpu: no CUDA device here (torch.cuda.is_available() is
 LEVELS = {"real": [1, 16, 64], "tiny": [1, 2]}
 REPLY_TOKENS = {"real": 24, "tiny": 8}
 LEVEL_TIMEOUT_S = {"real": 60.0, "tiny": 300.0}  # a level past it is cut, and says so
-CUDA_IPC_TEST = Path(__file__).resolve().parents[2] / "tests" / "test_cuda_ipc_transport.py"
+TESTS = Path(__file__).resolve().parents[2] / "tests"
+# the transport's own test, then its GPU half (which skips, saying why, without CUDA)
+CUDA_IPC_TESTS = (TESTS / "test_cuda_ipc_transport.py", TESTS / "test_cuda_ipc_gpu.py")
 CALLER_AUDIO_S = 1.0
 GIB_F = float(2**30)
 
@@ -88,16 +91,16 @@ def run_check(families: list[str], size: str, root: Path, cuda: bool, levels: li
                                "stages": run.sizes, "on_cpu": CPU_PARTS[family]}
         if not dry_run:
             try:  # one family failing still leaves the other's figures and the IPC test
-                row |= asyncio.run(_serve(run, levels, size, cuda))
+                row |= asyncio.run(_serve(run, levels, size))
             except Exception as exc:  # reported in the figures, not raised
                 row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         result["families"][family] = row
     if not dry_run:
-        result["cuda_ipc_test"] = cuda_ipc_test()
+        result["cuda_ipc_tests"] = {path.name: pytest_outcome(path) for path in CUDA_IPC_TESTS}
     return result
 
 
-async def _serve(run: FamilyRun, levels: list[int], size: str, cuda: bool) -> dict[str, Any]:
+async def _serve(run: FamilyRun, levels: list[int], size: str) -> dict[str, Any]:
     """Start the family's pipeline, run each level, stop it."""
     from pipeline.orchestrator import Pipeline
     from pipeline.settings import PipelineSettings
@@ -110,12 +113,13 @@ async def _serve(run: FamilyRun, levels: list[int], size: str, cuda: bool) -> di
         start_s = time.perf_counter() - began
         tokens = REPLY_TOKENS[size]
         await run_turn(pipe, f"gpu-{run.family}-warm-up", tokens, audio=audio)
-        rows, memory = [], {}
-        for n in levels:
-            rows.append(await _level(pipe, run.family, n, tokens, audio, LEVEL_TIMEOUT_S[size]))
-            memory = _peak(memory, stage_gpu_memory(pipe) if cuda else {})
+        rows = []
+        async with MemoryWatch(pipe) as memory:  # sampled on a CPU too: the figures are 0
+            for n in levels:
+                rows.append(await _level(pipe, run.family, n, tokens, audio,
+                                         LEVEL_TIMEOUT_S[size]))
     return {"start_s": round(start_s, 1), "reply_tokens": tokens, "levels": rows,
-            "gpu_memory_mib": memory if cuda else "no CUDA: not measured"}
+            "gpu_memory": memory.figures()}
 
 
 async def _level(pipe: Any, family: str, n: int, tokens: int, audio: np.ndarray | None,
@@ -146,15 +150,14 @@ def caller_audio(seconds: float = CALLER_AUDIO_S) -> np.ndarray:
     return (wave * 8000).astype(np.int16)
 
 
-def cuda_ipc_test() -> dict[str, Any]:
-    """Run tests/test_cuda_ipc_transport.py; its exit status and last line."""
-    if not CUDA_IPC_TEST.is_file():
-        return {"outcome": f"not run: {CUDA_IPC_TEST} absent (not a source checkout)"}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               str(CUDA_IPC_TEST)]
+def pytest_outcome(path: Path) -> dict[str, Any]:
+    """Run one test file with pytest; its exit status and summary line."""
+    if not path.is_file():
+        return {"outcome": f"not run: {path} absent (not a source checkout)"}
+    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(path)]
     began = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          cwd=CUDA_IPC_TEST.parents[1], check=False)
+                          cwd=path.parents[1], check=False)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     return {"returncode": done.returncode, "outcome": lines[-1] if lines else done.stderr[-300:],
             "seconds": round(time.perf_counter() - began, 1)}
@@ -176,15 +179,11 @@ def print_report(result: dict[str, Any]) -> None:
                 f"{key} {value}" for key, value in level.items() if key != "turns"))
         if "error" in row:
             print(f"  failed: {row['error']}")
-        if "gpu_memory_mib" in row:
-            print(f"  GPU memory (MiB, process level): {row['gpu_memory_mib']}")
-    if "cuda_ipc_test" in result:
-        print(f"tests/test_cuda_ipc_transport.py: {result['cuda_ipc_test']}")
+        if "gpu_memory" in row:
+            print(f"  GPU memory peaks (MiB): {row['gpu_memory']}")
+    for name, outcome in result.get("cuda_ipc_tests", {}).items():
+        print(f"tests/{name}: {outcome}")
 
-
-
-def _peak(before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
-    return {stage: max(before.get(stage, 0), now.get(stage, 0)) for stage in {*before, *now}}
 
 
 def _device_name(cuda: bool) -> str:

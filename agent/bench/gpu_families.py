@@ -23,7 +23,14 @@ PROFILES = {"qwen25_omni": "omni-tiny", "orpheus": "orpheus-tiny"}
 GIB = 2**30
 KV_CACHE = {("qwen25_omni", "thinker"): 8 * GIB, ("qwen25_omni", "talker"): 4 * GIB,
             ("orpheus", "talker"): 12 * GIB}
-GPU_ENGINE = {"dtype": "bfloat16", "max_num_seqs": 128, "max_model_len": 2048}
+# vLLM refuses to start unless the device's free memory covers this fraction of it, even with
+# a fixed KV cache: each engine asks for what it holds, so the two engines of a family (and
+# the Thinker's torch model) start side by side.
+GPU_FRACTION = {("qwen25_omni", "thinker"): 0.25, ("qwen25_omni", "talker"): 0.10,
+                ("orpheus", "thinker"): 0.05, ("orpheus", "talker"): 0.20}
+# Eager (no CUDA graphs): graph capture would spend the time budget starting engines.
+GPU_ENGINE = {"dtype": "bfloat16", "max_num_seqs": 128, "max_model_len": 2048,
+              "enforce_eager": True}
 CPU_PARTS = {"qwen25_omni": ["thinker audio tower", "voicebox token2wav"], "orpheus": []}
 
 
@@ -68,7 +75,7 @@ def _qwen25_omni(size: str, root: Path, cuda: bool) -> FamilyRun:
     states_bytes = 2 if size == "real" else 4  # the GPU run holds them in bfloat16
     settings = _settings("qwen25_omni", root, cuda)
     stages = settings["stages"]
-    stages["talker"]["max_codes"] = 100 if size == "real" else 40  # random codes never stop
+    stages["talker"]["max_codes"] = 50 if size == "real" else 40  # random codes never stop
     if cuda:
         stages["thinker"] |= {"states_device": "cuda", "states_dtype": "bfloat16"}
     return FamilyRun("qwen25_omni", settings,
@@ -110,6 +117,7 @@ def _settings(family: str, root: Path, cuda: bool) -> dict[str, Any]:
         if cuda:
             engine.pop("cpu_cores", None)
             engine["kv_cache_memory_bytes"] = KV_CACHE.get((family, stage), GIB)
+            engine["gpu_memory_utilization"] = GPU_FRACTION[(family, stage)]
             if (family, stage) in KV_CACHE:  # the orpheus Thinker is the tiny family's
                 engine |= GPU_ENGINE
         if (family, stage) in KV_CACHE or not cuda:
