@@ -30,9 +30,11 @@ from agent.bench.speech import MIC_RATE
 from pipeline.families.local.speech_recognizer import RecognizerSettings
 
 TEXTS = 3  # the first questions and unfinished sentences
-SLICE_VOICES = ("en-us", "piper-joe")
-# Measured with the chosen settings on these 6 utterances: 0.0 (README, "Recognition quality").
-WER_FLOOR = 0.10
+# The two voices tiny.en hears worst ("What is the capital and friends?"): a slice that errs.
+SLICE_VOICES = ("en-gb", "en-us+m3")
+# Measured with the profile's settings (beam 5) on these 6 utterances: 0.088, 3 of 34 words
+# (greedy decoding: 0.118); one word's margin for another CPU's arithmetic.
+WER_FLOOR = 0.12
 
 
 @pytest.fixture(scope="module")
