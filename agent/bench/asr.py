@@ -1,11 +1,12 @@
 """`omnivox bench asr`: word error rate and recognition latency of the local family's Whisper,
 per voice and condition of the spoken-question corpus, for each recognizer configuration asked.
 
-Each configuration (model x beam x temperature fallback x prompt x window) hears every
-utterance of the corpus (asr_corpus.py) through the local family's own SpeechRecognizer, one
-utterance at a time, as the Thinker does after the end of a turn: its recognition latency is
-the whole transcribe() call, wall clock and CPU time of this process (the machine may be
-shared). For utterances of about 3 s it is split into features, encoder and decoder.
+Each configuration (model x beam x temperature fallback x prompt x window x leading silence)
+hears every utterance of the corpus (asr_corpus.py) through the local family's own
+SpeechRecognizer, one utterance at a time, as the Thinker does after the end of a turn: its
+recognition latency is the whole transcribe() call, wall clock and CPU time of this process
+(the machine may be shared). For utterances of about 3 s it is split into features, encoder and
+decoder.
 """
 
 from __future__ import annotations

@@ -88,21 +88,31 @@ def print_groups(result: dict[str, Any]) -> None:
 
 
 def add_parser(bench_cmd: Any) -> None:
-    """`omnivox bench asr`'s flags (lists are comma-separated; every combination is run)."""
+    """`omnivox bench asr`'s flags (lists are comma-separated; every combination is run). The
+    defaults are the local profile's recognizer settings."""
+    from pipeline.families.local.speech_recognizer import RecognizerSettings
+
+    profile = RecognizerSettings()
+    fallback = "on" if len(profile.temperatures) > 1 else "off"
+    window = f"{profile.window_min_s:g}+{profile.silence_after_s:g}"
     asr = bench_cmd.add_parser(
         "asr", help="word error rate and latency of the local profile's speech recognition")
     asr.add_argument("--models", type=_names, default=["tiny.en"],
                      help="tiny.en or CTranslate2 Whisper directories (default: tiny.en)")
-    asr.add_argument("--beam", type=_ints, default=[1], help="beam sizes (default: 1)")
-    asr.add_argument("--fallback", type=_flags, default=[False],
-                     help="temperature fallback off,on (default: off)")
-    asr.add_argument("--prompt", type=_ints, default=[0],
-                     help="conversation lines prompting Whisper (default: 0)")
-    asr.add_argument("--window", type=_windows, default=[(10.0, 7.0)],
-                     help="short windows MIN+SILENCE seconds (default: 10+7)")
-    asr.add_argument("--lead", type=_floats, default=[0.0],
-                     help="seconds of silence put before each utterance (default: 0)")
-    asr.add_argument("--threads", type=int, default=1, help="CTranslate2 threads (default: 1)")
+    asr.add_argument("--beam", type=_ints, default=[profile.beam_size],
+                     help=f"beam sizes (default: {profile.beam_size})")
+    asr.add_argument("--fallback", type=_flags, default=[fallback == "on"],
+                     help=f"temperature fallback off,on (default: {fallback})")
+    asr.add_argument("--prompt", type=_ints, default=[profile.prompt_lines],
+                     help=f"conversation lines prompting Whisper (default: {profile.prompt_lines})")
+    asr.add_argument("--window", type=_windows,
+                     default=[(profile.window_min_s, profile.silence_after_s)],
+                     help=f"short windows MIN+SILENCE seconds (default: {window})")
+    asr.add_argument("--lead", type=_floats, default=[profile.silence_before_s],
+                     help="seconds of silence put before each utterance "
+                     f"(default: {profile.silence_before_s:g})")
+    asr.add_argument("--threads", type=int, default=profile.threads,
+                     help=f"CTranslate2 threads (default: {profile.threads})")
     asr.add_argument("--limit", type=int, default=None, help="the first N texts only")
     asr.add_argument("--voices", type=_names, default=[], help="these voices only")
     asr.add_argument("--corpus-dir", type=Path, default=None,
