@@ -86,7 +86,8 @@ class ThinkerPromptBuilder:
         embeds = self.embed_table[index]
         audio_rows = index == self.audio_id
         if features is not None:
-            embeds[audio_rows] = features.to(embeds.dtype)
+            # the table may live on a GPU (states_device) while the audio tower runs on the CPU
+            embeds[audio_rows] = features.to(embeds.device, embeds.dtype)
         return ThinkerPrompt(ids, embeds, audio_rows)
 
     def length(self, messages: list[dict[str, str]], audio_rows: int | None) -> int:
