@@ -49,11 +49,16 @@ def thinker_settings(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def spoken(questions: Sequence[Question]) -> list[np.ndarray]:
-    """Each question said (16 kHz int16) by the next of SPEAKERS, at the normal rate."""
+    """Each question said (16 kHz int16) by the next of SPEAKERS, at the normal rate, after
+    the silence a call's VAD keeps from before the onset (its preroll; the closing silence is
+    not part of an utterance)."""
     from agent.bench.asr_voices import VOICES, speak
+    from agent.bench.speech import MIC_RATE
+    from media.vad import VadConfig
 
     voices = {v.name: v for v in VOICES}
-    return [speak(voices[SPEAKERS[i % len(SPEAKERS)]], q.question, 1.0)
+    lead = np.zeros(VadConfig().preroll_ms * MIC_RATE // 1000, dtype=np.int16)
+    return [np.concatenate([lead, speak(voices[SPEAKERS[i % len(SPEAKERS)]], q.question, 1.0)])
             for i, q in enumerate(questions)]
 
 
