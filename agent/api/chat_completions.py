@@ -26,11 +26,10 @@ from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
 from agent.api.openai_errors import (
     BUSY_RETRY_S,
     NOT_READY_RETRY_S,
-    model_not_found,
     openai_error,
 )
 from agent.api.request_body import read_request
-from agent.api.served_models import resolve
+from agent.api.served_models import not_served, resolve
 from agent.guided.functions import Answer, read_answer
 from pipeline.errors import (
     PipelineBusyError,
@@ -61,7 +60,7 @@ async def chat_completions(request: Request) -> Response:
         return chat
     model = resolve(request.app, chat.model)
     if model is None:
-        return model_not_found(chat.model)
+        return not_served(request.app, chat.model)
     slots: CompletionSlots = request.app.state.completion_slots
     if not slots.take(ENGINE):
         return slots.busy(ENGINE)

@@ -21,12 +21,6 @@ def openai_error(status: int, code: str, message: str, *, param: str | None = No
     return JSONResponse(body, status_code=status, headers=headers or None)
 
 
-def model_not_found(model: str) -> JSONResponse:
-    """404 for a model id (`name` or `name@version`) this server does not serve."""
-    return openai_error(404, "model_not_found", f"The model {model!r} does not exist on this "
-                        "server (GET /v1/models lists the ones it serves)", param="model")
-
-
 def pipeline_refusal(error: PipelineError, param: str) -> JSONResponse:
     """The answer for model work the pipeline did not do: the request's fault (400 naming
     `param`: a stage refused it with a ValueError), busy (429), a model failure (500), or the

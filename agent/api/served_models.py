@@ -21,7 +21,7 @@ from agent.ops.readiness import Readiness
 from pipeline.engine_range import ENGINES
 from pipeline.families import load_family
 from pipeline.families.build_support import MANIFEST
-from pipeline.model_versions import built_manifest, version_root
+from pipeline.model_versions import built_manifest
 
 OWNER = "omnivox"
 
@@ -72,10 +72,9 @@ def served_models(app: FastAPI) -> list[ServedModel]:
     family = getattr(getattr(app.state.pipeline, "settings", None), "family", None)
     if family is None:  # a media-only server answers calls with no models
         return []
-    settings = app.state.settings
-    version = settings.model_version
-    return [ServedModel(settings.profile, version, family, True,
-                        version_root(Path(settings.models_dir), version))]
+    settings = app.state.settings  # the pipeline's models_dir is the served version's root
+    return [ServedModel(settings.profile, settings.model_version, family, True,
+                        Path(app.state.pipeline.settings.models_dir))]
 
 
 def resolve(app: FastAPI, model_id: str) -> ServedModel | None:

@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agent.api.completion_slots import CompletionSlots
 from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
-from agent.api.openai_errors import model_not_found, pipeline_refusal
+from agent.api.openai_errors import pipeline_refusal
 from agent.api.request_body import read_request
-from agent.api.served_models import resolve
+from agent.api.served_models import not_served, resolve
 from agent.api.speech_audio import FORMATS, SpeechEncoder
 from agent.calls.websocket_audio import WIRE_RATE, Resampler, pcm16
 from pipeline.events import AudioChunk, Event, Turn, TurnDone, TurnFailed
@@ -79,7 +79,7 @@ async def speech(request: Request) -> Response:
     if isinstance(asked, JSONResponse):
         return asked
     if resolve(request.app, asked.model) is None:
-        return model_not_found(asked.model)
+        return not_served(request.app, asked.model)
     slots: CompletionSlots = request.app.state.completion_slots
     if not slots.take(ENGINE):
         return slots.busy(ENGINE)

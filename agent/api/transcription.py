@@ -24,9 +24,9 @@ from agent.api.completion_slots import CompletionSlots
 from agent.api.form_data import MULTIPART, form_parts
 from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, unless_gone
-from agent.api.openai_errors import model_not_found, openai_error, pipeline_refusal
+from agent.api.openai_errors import openai_error, pipeline_refusal
 from agent.api.request_body import BadRequest, parse_body
-from agent.api.served_models import resolve
+from agent.api.served_models import not_served, resolve
 from agent.api.signalling import read_body
 from media.audio_file import AudioFileError, decode_audio_file
 from media.audio_format import SAMPLE_RATE
@@ -60,7 +60,7 @@ async def transcriptions(request: Request) -> Response:
     asked, data = form
     model = resolve(request.app, asked.model)
     if model is None:
-        return model_not_found(asked.model)
+        return not_served(request.app, asked.model)
     if not model.recognises_speech:
         return openai_error(400, "invalid_request", f"the model {model.id} does not transcribe "
                             f"speech (its family's Thinker hears audio without writing it down)",
