@@ -49,10 +49,13 @@ def create_app(
     *,
     pipeline: Any | None = None,
     handler_factory: HandlerFactory | None = None,
+    owns_pipeline: bool = True,
 ) -> FastAPI:
     """Build the app; `pipeline` (when given) is started in the background at startup so the
-    API answers /healthz at once while the engines load. Calls are handled by a conversation
-    `Session` on that pipeline unless `handler_factory` says otherwise (tests)."""
+    API answers /healthz at once while the engines load, and stopped at shutdown, unless the
+    app does not own it (`owns_pipeline` false: a pipeline another app started, shared by
+    tests that differ only in API settings). Calls are handled by a conversation `Session` on
+    that pipeline unless `handler_factory` says otherwise (tests)."""
     if handler_factory is None and pipeline is not None:
 
         def handler_factory(call: Call) -> Session:
@@ -67,7 +70,8 @@ def create_app(
         # every call's pacing) for 90-160 ms each. Garbage first, so none is frozen with it.
         gc.collect()
         gc.freeze()
-        starting = asyncio.create_task(pipeline.start()) if pipeline is not None else None
+        starting = (asyncio.create_task(pipeline.start())
+                    if pipeline is not None and owns_pipeline else None)
         if starting is not None:
             starting.add_done_callback(lambda task: _start_failed(task, app.state.readiness))
         loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())
@@ -79,7 +83,7 @@ def create_app(
             load.cancel()
             await app.state.calls.close_all()
             await asyncio.to_thread(app.state.records.close)  # the calls' end rows written
-            if starting is not None:
+            if starting is not None and pipeline is not None:
                 starting.cancel()
                 with contextlib.suppress(BaseException):
                     await starting

@@ -20,11 +20,10 @@ from hypothesis import strategies as st
 
 from agent.app import create_app
 from agent.config import ConversationSettings, Settings
-from agent.profiles import build_pipeline
 from agent.realtime.events import client_event_models
 from media.vad import SAMPLE_RATE, VadConfig
 from tests.audio_fixtures import monologue_wav, speech_bounds
-from tests.conftest import wait_ready
+from tests.conftest import wait_idle, wait_ready
 from tests.product_calls import (
     assert_valid_events,
     connect,
@@ -47,12 +46,14 @@ PREROLL_MS = 300
 
 @pytest.fixture(scope="module")
 async def capped_server(
-    tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    shared_tiny_server: Served, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Served]:
-    """The product on the tiny family with a 2 s utterance cap and short replies."""
+    """The product with a 2 s utterance cap and short replies, on the shared tiny server's
+    pipeline (these are API settings: its engines serve as they are)."""
+    await wait_idle(shared_tiny_server)
     config = Settings(
         profile="tiny",
-        models_dir=tiny_models_dir,
+        models_dir=shared_tiny_server.app.state.settings.models_dir,
         data_dir=tmp_path_factory.mktemp("data"),
         max_calls=4,
         max_events_per_s=10_000,
@@ -60,7 +61,7 @@ async def capped_server(
         vad=VadConfig(max_utterance_ms=CAP_MS, preroll_ms=PREROLL_MS),
         conversation=ConversationSettings(max_reply_tokens=24),
     )
-    app = create_app(config, pipeline=build_pipeline(config))
+    app = create_app(config, pipeline=shared_tiny_server.app.state.pipeline, owns_pipeline=False)
     async with serve(app) as served:
         await wait_ready(served)
         yield served
