@@ -79,6 +79,12 @@ class Settings(BaseSettings):
         "1", pattern=r"^[1-9][0-9]*$",
         description="the version of the profile's model served (NAME@VERSION)",
     )
+    # Real weights are read where they lie (never copied): the `omni` and `orpheus` profiles
+    # need a directory; the profiles that build their own models refuse one.
+    model_path: Path | None = Field(
+        None, description="a real checkpoint directory, for the profiles that serve one "
+        "(omni, orpheus)",
+    )
     web_dir: Path = REPO_ROOT / "web"
     # No public STUN server unless asked for: calls on loopback and LANs need none.
     ice_servers: CommaList = Field(

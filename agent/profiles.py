@@ -27,14 +27,27 @@ def pipeline_settings(
     settings: Settings, overrides: dict[str, Any] | None = None
 ) -> PipelineSettings:
     """The pipeline settings of the server's profile, models under the root of its served
-    version (settings.models_dir for version 1: pipeline.model_versions)."""
+    version (settings.models_dir for version 1: pipeline.model_versions). A profile with
+    `real_weights` serves the checkpoint at settings.model_path, its derived parts built under
+    `<models_dir>/<profile>`; the others build their own weights and refuse a model_path."""
     profiles = load_profiles()
     profile = profiles.get(settings.profile)
     if profile is None:
         known = ", ".join(sorted(profiles))
         raise ProfileError(f"unknown profile {settings.profile!r} (known: {known})")
-    fields = {k: v for k, v in profile.items() if k != "description"}
-    fields["models_dir"] = version_root(settings.models_dir, settings.model_version)
+    fields = {k: v for k, v in profile.items() if k not in ("description", "real_weights")}
+    models_dir = Path(settings.models_dir)
+    if profile.get("real_weights"):
+        if settings.model_path is None:
+            raise ProfileError(f"profile {settings.profile!r} serves real weights: give their "
+                               "directory with --model-path (or OMNIVOX_MODEL_PATH)")
+        fields["model_path"] = Path(settings.model_path).resolve()
+        models_dir = models_dir / settings.profile
+    elif settings.model_path is not None:
+        real = ", ".join(sorted(n for n, p in profiles.items() if p.get("real_weights")))
+        raise ProfileError(f"profile {settings.profile!r} builds its own weights; "
+                           f"--model-path is for the profiles that serve real ones ({real})")
+    fields["models_dir"] = version_root(models_dir, settings.model_version)
     return PipelineSettings.model_validate({**fields, **(overrides or {})})
 
 

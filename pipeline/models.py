@@ -23,32 +23,52 @@ from pipeline.model_versions import ModelVersionError, built_manifest, verify_ve
 logger = logging.getLogger(__name__)
 
 
-def build_family(family: str, models_dir: str, seed: int | None = None) -> None:
+def build_family(family: str, models_dir: str, seed: int | None = None,
+                 release: str | None = None) -> None:
     """Run the family's build (idempotent) under `models_dir` (a version's root), from `seed`
-    when given. Child-process entry point."""
+    or from the real checkpoint `release` when given. Child-process entry point."""
     from pipeline.families import load_family
 
     logging.basicConfig(level=logging.INFO)
-    load_family(family).build(Path(models_dir), progress=True, **build_options(family, seed))
+    options = build_options(family, seed, Path(release) if release else None)
+    load_family(family).build(Path(models_dir), progress=True, **options)
 
 
-def build_options(family: str, seed: int | None) -> dict[str, Any]:
-    """The family build's keyword arguments for `seed`; ValueError for a family built from no
-    seed (packaged weights)."""
+def build_options(family: str, seed: int | None, release: Path | None = None) -> dict[str, Any]:
+    """The family build's keyword arguments for `seed` and a real checkpoint `release`;
+    ValueError for a family that takes neither (packaged weights, or only its own)."""
     from pipeline.families import load_family
 
-    if seed is None:
-        return {}
-    if "seed" not in inspect.signature(load_family(family).build).parameters:
-        raise ValueError(f"the {family} family's weights are packaged, not made from a seed: "
-                         "build it without --seed")
-    return {"seed": seed}
+    takes = inspect.signature(load_family(family).build).parameters
+    options: dict[str, Any] = {}
+    if seed is not None:
+        if "seed" not in takes:
+            raise ValueError(f"the {family} family's weights are packaged, not made from a "
+                             "seed: build it without --seed")
+        options["seed"] = seed
+    if release is not None:
+        if "release" not in takes:
+            raise ValueError(f"the {family} family serves no real checkpoint (--model-path)")
+        options["release"] = release
+    return options
 
 
-async def ensure_models(family: str, models_dir: Path) -> None:
-    """Check the version built under `models_dir` (a version's root), then build it unless it is
-    current; test families (dotted modules) have nothing to build. ModelVersionError, logged
-    as one line, when the version must not be loaded."""
+def check_checkpoint(family: str, path: Path) -> None:
+    """A real checkpoint directory checked before anything starts: FileNotFoundError or
+    ValueError naming what is absent or of the wrong architecture."""
+    from pipeline.families import load_family
+
+    check = getattr(load_family(family), "check_checkpoint", None)
+    if check is None:
+        raise ValueError(f"the {family} family serves no real checkpoint (--model-path)")
+    check(Path(path))
+
+
+async def ensure_models(family: str, models_dir: Path, release: Path | None = None) -> None:
+    """Check the version built under `models_dir` (a version's root), then build it (from the
+    real checkpoint `release`, when given) unless it is current; test families (dotted
+    modules) have nothing to build. ModelVersionError, logged as one line, when the version
+    must not be loaded."""
     if "." in family:
         return
     try:
@@ -58,7 +78,8 @@ async def ensure_models(family: str, models_dir: Path) -> None:
         raise
     seed = (built_manifest(models_dir, family) or {}).get("seed")  # rebuilt as it was built
     process = multiprocessing.get_context("spawn").Process(
-        target=build_family, args=(family, str(models_dir), seed),
+        target=build_family, args=(family, str(models_dir), seed,
+                                   str(release) if release else None),
         name=f"omnivox-build-{family}")
     process.start()
     await asyncio.to_thread(process.join)

@@ -76,7 +76,7 @@ class Pipeline:
     async def _start(self) -> None:
         s = self.settings
         if s.build_models:
-            await ensure_models(s.family, s.models_dir)
+            await ensure_models(s.family, s.models_dir, s.model_path)
         self._dir = tempfile.mkdtemp(prefix="omnivox-")  # private (0700): our ipc sockets
         name = f"omnivox-{os.getpid()}-{secrets.token_hex(4)}"
         self.pool = pool = await asyncio.to_thread(BlockPool.create, name, s.pool.block_count,

@@ -68,6 +68,9 @@ class PipelineSettings(BaseModel):
 
     family: str = Field("tiny", description="a family name, or a dotted module with STAGES")
     models_dir: Path = Path("models")
+    model_path: Path | None = Field(
+        None, description="a real checkpoint the family's build derives its parts from, read "
+        "where it lies (families whose build takes a `release`)")
     stages: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-stage settings handed to the stage's start()")
     pool: PoolSettings = Field(default_factory=PoolSettings)

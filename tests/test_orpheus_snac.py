@@ -26,8 +26,8 @@ from pipeline.families.orpheus.codes import (
     codebooks,
     token_of,
 )
+from pipeline.families.orpheus.release import check_talker
 from pipeline.families.orpheus.snac_decoder import SnacDecoder, write_snac
-from pipeline.families.orpheus.stage_support import check_talker
 from pipeline.families.orpheus.windows import Window, WindowCutter
 
 FRAMES = 20

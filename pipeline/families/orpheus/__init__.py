@@ -6,11 +6,14 @@ lookahead. The Thinker is, for now, the tiny family's (see build.py).
 """
 
 from pipeline.families.orpheus.build import build_orpheus
+from pipeline.families.orpheus.release import check_release
 from pipeline.families.orpheus.talker import OrpheusTalker
 from pipeline.families.orpheus.voicebox import SnacVoiceBox
 from pipeline.families.tiny import TinyThinker
 
 STAGES = {"thinker": TinyThinker, "talker": OrpheusTalker, "voicebox": SnacVoiceBox}
 build = build_orpheus
+check_checkpoint = check_release  # a real checkpoint, before serving it (--model-path)
 
-__all__ = ["STAGES", "OrpheusTalker", "SnacVoiceBox", "build", "build_orpheus"]
+__all__ = ["STAGES", "OrpheusTalker", "SnacVoiceBox", "build", "build_orpheus",
+           "check_checkpoint"]

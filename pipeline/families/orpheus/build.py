@@ -3,8 +3,8 @@
 Layout under `<models_dir>/orpheus/`: talker/ (a `LlamaForCausalLM` of Orpheus's vocabulary
 layout, 156940 ids with the real control and audio ids, at a tiny width; its tokenizer with
 the real control ids), snac/ (SNAC with the 24 kHz framing and small widths, random weights)
-and manifest.json. Real checkpoints have the same layout (talker: canopylabs' Orpheus
-fine-tune; snac: hubertsiuzdak/snac_24khz), so the stages load them with the same code.
+and manifest.json. A real checkpoint has the same layout (release.py) and is read where it
+lies: the manifest's "release" names it, and the stages load it with the same code.
 
 The Thinker is not Orpheus's: until a chat-model Thinker is wired in, the family reuses the
 tiny family's Thinker, so building orpheus builds the tiny family too.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, processors
@@ -28,6 +29,7 @@ from pipeline.families.build_support import (
 )
 from pipeline.families.orpheus import prompt
 from pipeline.families.orpheus.codes import AUDIO_IDS
+from pipeline.families.orpheus.release import SNAC, TALKER, check_release
 from pipeline.families.orpheus.snac_decoder import SNAC_24KHZ, write_snac
 from pipeline.families.tiny import build_tiny
 from pipeline.families.tiny.tokenizer import train_tokenizer
@@ -44,19 +46,34 @@ CONTROL_IDS = {prompt.BEGIN_OF_TEXT: "<|begin_of_text|>", prompt.END_OF_TURN: "<
 TINY_SNAC = {**SNAC_24KHZ, "encoder_dim": 8, "decoder_dim": 64}  # 24 kHz framing, small widths
 
 
-def build_orpheus(models_dir: Path, progress: bool = True, seed: int = SEED) -> Path:
+def build_orpheus(models_dir: Path, progress: bool = True, seed: int = SEED,
+                  release: Path | None = None) -> Path:
     """Build (or find already built) the orpheus family under `models_dir`; its directory.
-    The tiny family (whose Thinker this family serves) is built too."""
+    The tiny family (whose Thinker this family serves) is built too. `release`: a real
+    checkpoint (release.py), checked, then recorded in the manifest and read where it lies."""
     build_tiny(models_dir, progress=progress)
+    if release is not None:
+        release = Path(release).resolve()
+        check_release(release)
+        fields = {"family": FAMILY, "recipe": RECIPE, "seed": None, "release": str(release)}
+        return build_once(models_dir, FAMILY, lambda target: manifest_matches(target, fields),
+                          lambda staging: _write_release_manifest(staging, fields))
     return build_once(models_dir, FAMILY,
-                      lambda target: manifest_matches(target, {"recipe": RECIPE, "seed": seed}),
+                      lambda target: manifest_matches(target, {"recipe": RECIPE, "seed": seed,
+                                                               "release": None}),
                       lambda staging: _write_all(staging, seed))
 
 
+def _write_release_manifest(root: Path, fields: dict[str, Any]) -> None:
+    """A real checkpoint's build: the manifest alone, naming where it lies."""
+    root.mkdir(parents=True)
+    write_manifest(root, fields)
+
+
 def _write_all(root: Path, seed: int) -> None:
-    _write_talker(root / "talker", seed)
-    write_snac(root / "snac", TINY_SNAC, seed + 1)
-    write_manifest(root, {"family": FAMILY, "recipe": RECIPE, "seed": seed})
+    _write_talker(root / TALKER, seed)
+    write_snac(root / SNAC, TINY_SNAC, seed + 1)
+    write_manifest(root, {"family": FAMILY, "recipe": RECIPE, "seed": seed, "release": None})
 
 
 def _write_talker(directory: Path, seed: int) -> None:

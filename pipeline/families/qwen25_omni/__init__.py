@@ -5,11 +5,14 @@ Its stages read a Qwen2.5-Omni release directory (the real one, or the tiny rand
 """
 
 from pipeline.families.qwen25_omni.build import build_qwen25_omni
+from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.talker import OmniTalker
 from pipeline.families.qwen25_omni.thinker import OmniThinker
 from pipeline.families.qwen25_omni.voicebox import OmniVoiceBox
 
 STAGES = {"thinker": OmniThinker, "talker": OmniTalker, "voicebox": OmniVoiceBox}
 build = build_qwen25_omni
+check_checkpoint = check_release  # a real release, before serving it (--model-path)
 
-__all__ = ["STAGES", "OmniTalker", "OmniThinker", "OmniVoiceBox", "build", "build_qwen25_omni"]
+__all__ = ["STAGES", "OmniTalker", "OmniThinker", "OmniVoiceBox", "build", "build_qwen25_omni",
+           "check_checkpoint"]
