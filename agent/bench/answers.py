@@ -73,6 +73,11 @@ async def ask_all(questions: Sequence[Question], settings: dict[str, Any], model
     thinker = LocalThinker()
     try:
         await thinker.start(StageContext(pool, settings, str(models_dir), stage="thinker"))
+    except BaseException:
+        pool.close()
+        pool.unlink()
+        raise
+    try:
         await _ask(thinker, pool, QUESTIONS[0], None, max_tokens, system, "warm-up")
         return [await _ask(thinker, pool, q, audio[i] if audio is not None else None,
                            max_tokens, system, f"q{i}") for i, q in enumerate(questions)]
