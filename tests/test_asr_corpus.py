@@ -32,9 +32,9 @@ from pipeline.families.local.speech_recognizer import RecognizerSettings
 TEXTS = 3  # the first questions and unfinished sentences
 # The two voices tiny.en hears worst ("What is the capital and friends?"): a slice that errs.
 SLICE_VOICES = ("en-gb", "en-us+m3")
-# Measured with the profile's settings (beam 5) on these 6 utterances: 0.088, 3 of 34 words
-# (greedy decoding: 0.118); one word's margin for another CPU's arithmetic.
-WER_FLOOR = 0.12
+# Measured with the profile's settings (greedy) on these 6 utterances: 0.118, 4 of 34 words
+# (a beam of 5: 0.088); one word's margin for another CPU's arithmetic.
+WER_FLOOR = 0.15
 
 
 @pytest.fixture(scope="module")
