@@ -11,9 +11,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agent.api.chat_tools import NamedChoice, Tool, ToolChoice, call_as_text, chosen, tools_schema
+from agent.api.chat_tools import (
+    NamedChoice,
+    Tool,
+    ToolChoice,
+    call_as_text,
+    tools_format,
+    tools_messages,
+)
 from agent.api.request_body import BadRequest
-from agent.guided.functions import with_tools_prompt
 from agent.guided.unsafe_schema import REFUSAL, unsafe_keyword
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's own bound
@@ -180,13 +186,13 @@ class ChatCompletionRequest(BaseModel):
 
     def calls_tools(self) -> bool:
         """Whether the answer is generated in the tool format (chat_tools.py)."""
-        return tools_schema(self.tools or [], self.choice()) is not None
+        return tools_format(self.tools or [], self.choice()) is not None
 
     def thinker_format(self) -> dict[str, Any] | None:
         """The structure the Thinker's answer is guided to: the tools', or response_format."""
-        schema = tools_schema(self.tools or [], self.choice())
-        if schema is not None:
-            return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        tools = tools_format(self.tools or [], self.choice())
+        if tools is not None:
+            return tools
         return self.response_format.for_thinker() if self.response_format else None
 
     def thinker_messages(self) -> list[dict[str, str]]:
@@ -195,8 +201,7 @@ class ChatCompletionRequest(BaseModel):
         messages = [message.for_thinker() for message in self.messages]
         if not self.calls_tools():
             return messages
-        choice = self.choice()
-        return with_tools_prompt(messages, chosen(self.tools or [], choice), choice == "auto")
+        return tools_messages(messages, self.tools or [], self.choice())
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -11,7 +11,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.guided.functions import NO_PARAMETERS, Answer, Function, answer_schema, call_text
+from agent.guided.functions import (
+    NO_PARAMETERS,
+    Answer,
+    Function,
+    answer_format,
+    call_text,
+    with_tools_prompt,
+)
 
 
 class FunctionSpec(BaseModel):
@@ -55,9 +62,15 @@ def chosen(tools: list[Tool], choice: ToolChoice) -> list[Function]:
     return [] if choice == "none" else [t.generic() for t in tools]
 
 
-def tools_schema(tools: list[Tool], choice: ToolChoice) -> dict[str, Any] | None:
-    """The JSON schema the Thinker's answer is generated under; None: free text."""
-    return answer_schema(chosen(tools, choice), choice == "auto")
+def tools_format(tools: list[Tool], choice: ToolChoice) -> dict[str, Any] | None:
+    """The response_format the Thinker's answer is generated under; None: free text."""
+    return answer_format(chosen(tools, choice), choice == "auto")
+
+
+def tools_messages(messages: list[dict[str, str]], tools: list[Tool],
+                   choice: ToolChoice) -> list[dict[str, str]]:
+    """`messages` with the system message describing the functions the answer may call."""
+    return with_tools_prompt(messages, chosen(tools, choice), choice == "auto")
 
 
 def call_as_text(call: dict[str, Any]) -> str:

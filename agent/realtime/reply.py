@@ -55,7 +55,7 @@ class Reply:
     # Function calling (function_calls.py): the Thinker answers in JSON first, read whole; its
     # message item is announced only once the answer is words (then voiced by `follow_up`).
     answers_in_json: bool = False
-    announced: bool = True
+    announced: bool = False  # its message item went out (Session.announce)
     call: FunctionCall | None = None
     call_item_id: str = ""
     follow_up: Turn | None = None

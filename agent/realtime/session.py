@@ -208,7 +208,6 @@ class Session:
         answer_format = tools.answer_format()
         messages = self.conversation.messages()
         reply.answers_in_json = answer_format is not None
-        reply.announced = answer_format is None
         turn = Turn(
             turn_id=reply.turn_id,
             call_id=self.call.id,
@@ -220,7 +219,7 @@ class Session:
             speak=not reply.text_only and not reply.answers_in_json,
         )
         self.call.send_event(response_created(reply.response_id, reply.text_only))
-        if reply.announced:
+        if not reply.answers_in_json:
             self.announce(reply)
         with log_context(turn_id=reply.turn_id):  # the reply's tasks log as its turn's
             reply.task = asyncio.ensure_future(self._run(reply, turn))
