@@ -13,7 +13,9 @@ from agent.app import create_app
 from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline
 from pipeline.families.local.build import build_local
+from tests.product_calls import connect
 from tests.responder import ToneResponder
+from tests.rtc_client import RtcCaller
 from tests.served import Served, serve
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,6 +89,14 @@ async def tiny_server(shared_tiny_server: Served) -> Served:
     by their own ids (records, engine tables), never by absolute totals."""
     await wait_idle(shared_tiny_server)
     return shared_tiny_server
+
+
+@pytest.fixture
+async def caller(tiny_server: Served) -> AsyncIterator[RtcCaller]:
+    """A WebRTC caller connected to the shared tiny server, hung up after the test."""
+    caller = await connect(tiny_server.url)
+    yield caller
+    await caller.hang_up()
 
 
 async def wait_idle(served: Served, timeout_s: float = 30.0) -> None:

@@ -9,24 +9,17 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from agent.realtime.reply import Reply
 from agent.realtime.session_config import MAX_REPLY_TOKENS, aggressiveness
-from media.audio_format import FRAME_MS
 from tests.audio_fixtures import speech_bounds
 from tests.product_calls import (
     LOUD,
     assert_valid_events,
-    connect,
-    engines_hold,
     held_request_ids,
-    long_replies,
-    loud_ms,
     record_turns,
     say,
     session_of,
@@ -47,14 +40,6 @@ RATE = 48_000
 def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
     """About two seconds of speech after half a second of silence."""
     return spoken("What is the weather like tomorrow?", Path(tmp_path_factory.mktemp("speech")))
-
-
-@pytest.fixture
-async def caller(tiny_server: Served) -> AsyncIterator[RtcCaller]:
-    """A caller connected to the module's server, hung up after the test."""
-    caller = await connect(tiny_server.url)
-    yield caller
-    await caller.hang_up()
 
 
 def speech_ms(pcm: np.ndarray) -> int:
@@ -240,73 +225,6 @@ async def test_response_create_answers_from_history_one_at_a_time(
     system = {"role": "system", "content": session.settings.instructions}
     assert turns[0].messages == [system] and turns[0].audio is None
     assert turns[1].messages == [system, {"role": "assistant", "content": first_text}]
-    assert_valid_events(caller)
-
-
-def first_word_cut(reply: Reply, played_ms: int) -> int:
-    """The earliest cut 1.2 s or more into the reply, and 0.3 s behind what has played, whose
-    audio voices a whole word; 0 if none yet. A tiny reply's first text chunk (random-weight
-    bytes, few spaces) may voice seconds before its first whole word."""
-    for ms in range(1200, played_ms - 300, FRAME_MS):
-        if reply.spoken.heard(reply.text, ms):
-            return ms
-    return 0
-
-
-@pytest.mark.parametrize("generating", [True, False], ids=["mid-generation", "playing-tail"])
-async def test_truncate_stops_the_audio_and_keeps_what_was_heard(
-    tiny_server: Served, caller: RtcCaller, generating: bool
-) -> None:
-    session = session_of(tiny_server, caller)
-    if generating:
-        long_replies(caller)
-    say(caller, "Tell me a long story.")
-    await caller.wait_for("output_audio_buffer.started", timeout=60)
-    if not generating:
-        await caller.wait_for("response.done", timeout=60)
-    reply = session.audible_reply()
-    assert reply is not None
-    cut_ms = 0
-
-    def a_word_played() -> bool:
-        nonlocal cut_ms
-        cut_ms = first_word_cut(reply, reply.played_ms(session.call.outbound.played_ms))
-        return cut_ms > 0
-
-    await wait_until(a_word_played, 30, "a whole word 1.2 s in, and 0.3 s more")
-    assert session.audible_reply() is reply and (session.reply is reply) == generating
-    caller.send({"type": "conversation.item.truncate", "item_id": reply.item_id,
-                 "content_index": 0, "audio_end_ms": cut_ms})
-    truncated = await caller.wait_for("conversation.item.truncated", timeout=10)
-    sent_at_cut = session.call.outbound.played_ms
-    assert (truncated["item_id"], truncated["audio_end_ms"]) == (reply.item_id, cut_ms)
-    assert caller.of_type("output_audio_buffer.cleared")
-    done = await caller.wait_for("response.done", timeout=10)
-    assert await engines_hold(tiny_server, reply.turn_id) == []
-
-    # The history keeps the words voiced before the cut, and nothing else.
-    full = transcript_of(caller, reply.response_id).strip()
-    history = session.conversation.get(reply.item_id)
-    assert history is not None and history.text == reply.spoken.heard(reply.text, cut_ms)
-    assert full.startswith(history.text) and 0 < len(history.text) < len(full)
-    if generating:
-        assert done["response"]["status"] == "cancelled", done
-        assert done["response"]["status_details"]["reason"] == "client_cancelled"
-        assert done["response"]["output"][0]["content"][0]["transcript"] == history.text
-    else:
-        assert done["response"]["status"] == "completed", done
-        assert len(caller.of_type("response.done")) == 1
-
-    # The audio stopped when the truncate arrived: the server sent no agent audio after it, and
-    # the caller heard what was sent up to then, give or take a few frames (quiet ones), and up
-    # to two more at each underrun (the frame that ran dry leaves whole, then the codec's tail),
-    # not the seconds still queued at the cut.
-    await asyncio.sleep(1.5)
-    assert session.call.outbound.played_ms == sent_at_cut
-    heard = loud_ms(caller)
-    assert sent_at_cut - 200 <= heard <= sent_at_cut + 200 + 2 * FRAME_MS * reply.underruns, (
-        heard, sent_at_cut, reply.underruns)
-    assert session.audible_reply() is None and session.state == "listening"
     assert_valid_events(caller)
 
 

