@@ -105,6 +105,11 @@ class Settings(BaseSettings):
     idle_timeout_s: float = Field(
         300.0, gt=0, description="a call with no caller speech, message or agent audio ends"
     )
+    resume_grace_s: float = Field(
+        30.0, ge=0, le=3600, description="a WebRTC call whose connection drops may be resumed "
+        "this long with the token in its session.created (header Omnivox-Resume-Token on a "
+        "new call), keeping its conversation; 0: off",
+    )
     outbound_queue_ms: int = Field(
         30_000, ge=200, description="agent audio buffered ahead of playback"
     )

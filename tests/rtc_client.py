@@ -89,7 +89,8 @@ class RtcCaller:
         self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
 
-    async def connect(self) -> None:
+    async def connect(self, headers: dict[str, str] | None = None) -> None:
+        """Place the call (`headers` go with the offer, e.g. a resume token)."""
         transceiver = self.pc.addTransceiver(self.audio, direction="sendrecv")
         if self.codecs:
             caps = RTCRtpSender.getCapabilities("audio").codecs
@@ -99,7 +100,7 @@ class RtcCaller:
             reply = await http.post(
                 "/v1/realtime/calls",
                 content=self.pc.localDescription.sdp,
-                headers={"Content-Type": "application/sdp"},
+                headers={"Content-Type": "application/sdp", **(headers or {})},
             )
         assert reply.status_code == 201, reply.text
         self.location = reply.headers["location"]

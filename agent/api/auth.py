@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.api.signalling import json_error, read_body
+from agent.api.signalling import RESUME_HEADER, json_error, read_body
 from agent.config import Settings
 from agent.realtime.server_events import session_object
 
@@ -338,7 +338,7 @@ def install(app: FastAPI, settings: Settings) -> None:
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", RESUME_HEADER],
             expose_headers=["Location"],
             max_age=600,
         )

@@ -9,8 +9,10 @@ from typing import NamedTuple
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from agent.api.model_pin import UnknownModelError, pinned_factory
 from agent.api.offer import MULTIPART, SDP, OfferError, read_offer
 from agent.calls.registry import CallLimitError, CallRegistry
+from agent.calls.resume import ResumeError
 from agent.ops import logs
 from agent.ops.readiness import Readiness
 from agent.realtime.session_config import SessionConfigError
@@ -19,6 +21,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 NEGOTIATION_TIMEOUT_S = 10.0
+RESUME_HEADER = "Omnivox-Resume-Token"  # a dropped call's token: go on with its conversation
 BUSY_RETRY_AFTER_S = 2  # the admission window is a few seconds: load is measured anew by then
 
 
@@ -93,18 +96,31 @@ async def create_call(request: Request) -> Response:
         offer = read_offer(content_type, body)
     except OfferError as exc:
         return json_error(exc.status, exc.code, exc.message)
+    try:  # the model version the call's session pins (else its name's default)
+        factory = pinned_factory(request.app, offer.session.model if offer.session else None)
+    except UnknownModelError as exc:
+        return json_error(404, "model_not_found", f"session: model: {exc}")
     refused = refusal(request.app.state.readiness)
     if refused is not None:
         return refuse(request, refused.status, refused.code, refused.message, **refused.headers)
     calls: CallRegistry = request.app.state.calls
+    resumed = None
+    token = request.headers.get(RESUME_HEADER)
+    if token is not None:
+        try:  # before the new call: a dropped call still held frees its place
+            resumed = await calls.take_over(token.strip())
+        except ResumeError as exc:
+            return json_error(410, "resume_expired", str(exc))
     try:
         call = calls.new_call()
     except CallLimitError as exc:
         return refuse(request, 503, "too_many_calls", str(exc), **{"Retry-After": "5"})
     logs.bind_call(call.id)  # this request, and every task the call starts from here
+    if resumed is not None:
+        log.info("call %s resumes a dropped call's conversation", call.id)
     try:
         answer = await asyncio.wait_for(
-            call.answer(offer.sdp, request.app.state.handler_factory, offer.session),
+            call.answer(offer.sdp, factory, offer.session, resumed),
             NEGOTIATION_TIMEOUT_S,
         )
     except SessionConfigError as exc:

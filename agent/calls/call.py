@@ -19,7 +19,7 @@ from aiortc.mediastreams import MediaStreamError
 from agent.calls.call_base import CallBase, CallHandler
 from agent.config import Settings
 from agent.realtime.server_events import session_created
-from agent.realtime.session_config import SessionConfig, configure
+from agent.realtime.session_config import SavedConversation, SessionConfig, configure
 from agent.realtime.transport import AudioOutEnded
 from media.encoded_audio import EncodedAudioTrack
 from media.inbound import InboundAudio
@@ -62,10 +62,15 @@ class Call(CallBase):
         self.pc.on("connectionstatechange", self._on_connection_state)
 
     async def answer(self, offer_sdp: str, handler_factory: HandlerFactory | None,
-                     session: Any = None) -> str:
-        """Negotiate the call, starting with the session object given with the offer (if any);
-        on any failure the peer connection is closed before raising."""
+                     session: Any = None, resumed: SavedConversation | None = None) -> str:
+        """Negotiate the call, going on with a dropped call's conversation (`resumed`), then
+        the session object given with the offer (if any); on any failure the peer connection
+        is closed before raising."""
         try:
+            if resumed is not None:
+                self.conversation, self.tools = resumed.config.conversation, resumed.config.tools
+                self.server_vad = self.conversation.server_vad
+                self.vad.reconfigure(resumed.config.vad)
             if session is not None:  # SessionConfigError: refused before any negotiation
                 start = configure(session, SessionConfig(self.conversation, self.vad.config,
                                                          self.tools))
@@ -83,6 +88,9 @@ class Call(CallBase):
             await self.close()
             raise
         self.handler = handler_factory(self) if handler_factory else None
+        resume = getattr(self.handler, "resume", None)
+        if resumed is not None and resume is not None:
+            resume(resumed.history)
         self.spawn(self._connect_watchdog())
         self.records.call_started(self.id, self.settings.profile)
         self.spawn(self.watch_limits())
@@ -127,7 +135,10 @@ class Call(CallBase):
             channel.on("open", self._flush_pending)
 
     def _flush_pending(self) -> None:
-        self.send_event(session_created(self.session_object()))
+        resume = None
+        if self.resume_token is not None:
+            resume = {"token": self.resume_token, "grace_s": self.settings.resume_grace_s}
+        self.send_event(session_created(self.session_object(), resume))
         while self._pending:
             self.deliver(self._pending.popleft())
 

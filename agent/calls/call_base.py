@@ -91,6 +91,8 @@ class CallBase:
         self._speech_item: str | None = None
         self._on_ended = on_ended
         self._closed = False
+        self.end_reason: str | None = None  # why the call ended, once it has
+        self.resume_token: str | None = None  # what its caller may resume it with (resume.py)
         self.metrics = metrics if metrics is not None else Metrics()
         self.records = records or CallRecords(None)  # where the call and its turns are kept
         self.started_at = time.monotonic()
@@ -277,6 +279,7 @@ class CallBase:
         if self._closed:
             return
         self._closed = True
+        self.end_reason = reason
         logs.bind_call(self.id)  # a hang-up request, say, logs the rest as the call's
         self.metrics.call_ended(reason)
         self._on_ended(self)

@@ -8,11 +8,13 @@ from typing import Any
 
 from agent.calls.call import Call
 from agent.calls.call_base import CallBase
+from agent.calls.resume import ResumeStore
 from agent.config import Settings
 from agent.ops.metrics import Metrics
 from agent.ops.readiness import FailureSource
 from agent.ops.records import CallRecords
 from agent.realtime.server_events import stage_failed_event
+from agent.realtime.session_config import SavedConversation
 
 
 class CallLimitError(RuntimeError):
@@ -32,16 +34,29 @@ class CallRegistry:
         self.records = records
         self.metrics = metrics if metrics is not None else Metrics()
         self._calls: dict[str, CallBase] = {}
+        # Dropped calls' conversations, at most as many as the calls the server holds.
+        self.resumes = ResumeStore(settings.resume_grace_s, settings.max_calls)
 
     def new_call(self, kind: type[CallBase] = Call) -> Any:
-        """A new call of `kind` (WebRTC unless told), counted against the maximum."""
+        """A new call of `kind` (WebRTC unless told), counted against the maximum; a WebRTC
+        call gets a resume token when resuming is on."""
         if len(self._calls) >= self.settings.max_calls:
             raise CallLimitError(f"the server holds its maximum of {self.settings.max_calls} calls")
         call = kind(
             self.settings, on_ended=self._forget, metrics=self.metrics, records=self.records
         )
+        if kind is Call:
+            call.resume_token = self.resumes.issue(call.id)
         self._calls[call.id] = call
         return call
+
+    async def take_over(self, token: str) -> SavedConversation:
+        """The conversation a caller resumes with `token`: a live call of that token is closed
+        first (its caller is back before the server saw the drop); ResumeError if none."""
+        live = self._calls.get(self.resumes.live_call(token) or "")
+        if live is not None:
+            await live.close("resumed")
+        return self.resumes.take(token)
 
     def get(self, call_id: str) -> Any:
         return self._calls.get(call_id)
@@ -55,6 +70,10 @@ class CallRegistry:
 
     def _forget(self, call: CallBase) -> None:
         self._calls.pop(call.id, None)
+        if call.resume_token is not None:
+            save = getattr(call.handler, "save", None)
+            self.resumes.ended(call.resume_token, call.end_reason or "",
+                               save() if save is not None else None)
 
     async def close_all(self) -> None:
         await asyncio.gather(*(c.close("server_shutdown") for c in list(self._calls.values())))

@@ -147,9 +147,12 @@ def usage_object(pipeline_usage: dict[str, Any]) -> dict[str, Any]:
 # -- session ----------------------------------------------------------------------------------
 
 
-def session_created(session: dict[str, Any]) -> Event:
-    """`session.created`: the first event of every call."""
-    return server_event("session.created", session=session)
+def session_created(session: dict[str, Any], resume: dict[str, Any] | None = None) -> Event:
+    """`session.created`: the first event of every call; on a call its caller may resume after
+    a drop, `resume` (omnivox's own field: the token and its grace, agent/calls/resume.py)."""
+    if resume is None:
+        return server_event("session.created", session=session)
+    return server_event("session.created", session=session, resume=resume)
 
 
 def session_updated(session: dict[str, Any]) -> Event:

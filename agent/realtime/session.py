@@ -33,7 +33,7 @@ from agent.realtime.server_events import (
     usage_object,
     user_audio_item,
 )
-from agent.realtime.session_config import SessionConfig
+from agent.realtime.session_config import SavedConversation, SessionConfig
 from agent.realtime.tool_answers import answered, merged_usage
 from agent.realtime.transport import AudioOutEnded, CallTransport
 from media.vad import SpeechStarted, SpeechStopped
@@ -66,9 +66,23 @@ class Session:
 
     def session_object(self) -> dict[str, Any]:
         return session_object(
-            self.call.id, self.call.settings.profile, self.settings, self.call.vad.config,
+            self.call.id, self.model_id, self.settings, self.call.vad.config,
             self.tools.tools_field(), self.tools.choice_field(),
         )
+
+    @property
+    def model_id(self) -> str:
+        """The model version the call talks to (`name@version`; a pin still to take over,
+        once pinned), or the profile's name on a pipeline with no versions (a stand-in)."""
+        return str(getattr(self.pipeline, "model_id", self.call.settings.profile))
+
+    def pin(self, model_id: str) -> None:
+        """Talk to `model_id` from the next turn boundary (session.update); UnknownModelError
+        (a ValueError) when it is not served."""
+        pin = getattr(self.pipeline, "pin", None)
+        if pin is None:
+            raise ValueError(f"model: this server serves no model versions to pin {model_id!r}")
+        pin(model_id)
 
     def config(self) -> SessionConfig:
         """The conversation, VAD and tool settings the call runs with now."""
@@ -81,6 +95,16 @@ class Session:
         self.call.server_vad = config.conversation.server_vad
         if config.vad != self.call.vad.config:
             self.call.vad.reconfigure(config.vad)
+
+    def save(self) -> SavedConversation:
+        """The conversation so far, for a caller who may come back (agent/calls/resume.py)."""
+        return SavedConversation(self.conversation, self.config())
+
+    def resume(self, history: Conversation) -> None:
+        """Go on with a dropped call's history (its settings came with the call, which started
+        with them: agent/calls/call.py)."""
+        history.instructions = self.settings.instructions
+        self.conversation = history
 
     def on_client_event(self, event: Any) -> None:
         self.client_events.dispatch(event)
@@ -385,3 +409,6 @@ class Session:
             await self.pipeline.cancel(reply.turn_id)
             if reply.task is not None:
                 reply.task.cancel()
+        release = getattr(self.pipeline, "release", None)
+        if release is not None:  # the call no longer holds its model version
+            release()

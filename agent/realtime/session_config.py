@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from agent.config import ConversationSettings
 from agent.realtime.function_calls import SessionTools, ToolsError, configure_tools
+from agent.realtime.history import Conversation
 from media.vad import VadConfig
 
 MAX_REPLY_TOKENS = 4096  # what "inf" means here: the Thinker's context bounds it anyway
@@ -34,6 +35,15 @@ class SessionConfig:
     conversation: ConversationSettings
     vad: VadConfig
     tools: SessionTools = field(default_factory=SessionTools)
+
+
+@dataclass(frozen=True)
+class SavedConversation:
+    """A dropped call's conversation, kept for its caller to resume (agent/calls/resume.py):
+    its history and the settings its session ran with."""
+
+    history: Conversation
+    config: SessionConfig
 
 
 def configure(update: Any, current: SessionConfig) -> SessionConfig:
