@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     build.add_argument("--seed", type=int, default=None,
                        help="the seed of a random-weight family's weights (default: its own)")
     add_setting_flags(build, ("models_dir",))
+    add_rollout_parsers(models_cmd)
 
     bench = commands.add_parser("bench", help="measure (figures printed and written as JSON)")
     bench_cmd = bench.add_subparsers(dest="bench_command", required=True)
@@ -247,6 +248,24 @@ def check_real_weights(family: str, path: Path) -> None:
         raise CommandLineError(str(exc)) from None
 
 
+def add_rollout_parsers(models_cmd: Any) -> None:
+    from agent.serving.rollout_command import add_parsers
+
+    add_parsers(models_cmd)
+
+
+def rollout_model(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.serving.rollout_command import rollout
+
+    return rollout(args)
+
+
+def retire_model(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.serving.rollout_command import retire
+
+    return retire(args)
+
+
 def build_models(args: argparse.Namespace, settings: Settings) -> int:
     from agent.profiles import load_profiles
     from pipeline.families import load_family
@@ -322,6 +341,8 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
 COMMANDS = {
     ("serve", None): serve,
     ("models", "build"): build_models,
+    ("models", "rollout"): rollout_model,
+    ("models", "retire"): retire_model,
     ("bench", "pipeline"): bench_pipeline,
     ("bench", "turn"): bench_turn,
     ("bench", "calls"): bench_calls,
