@@ -4,6 +4,10 @@ A `VadSegmenter` takes the call's 16 kHz mono int16 audio in 20 ms frames and tu
 `SpeechStarted` / `SpeechStopped` events on the call's audio timeline (milliseconds of audio
 pushed so far). `SpeechStopped` carries the utterance audio: a short pre-roll from before the
 onset followed by the speech itself, without the closing silence.
+
+With `pause_ms` set (shorter than `silence_ms`), a silence that long inside an utterance is a
+`SpeechPaused` carrying the audio the close would carry if the silence went on (a preemptive
+reply can start on it), and a voiced frame after it, before the close, a `SpeechResumed`.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ class VadConfig:
     silence_ms: int = Field(
         500, ge=0, le=10_000,
         description="silence that ends an utterance (0: the first unvoiced frame)")
+    pause_ms: int = Field(
+        0, ge=0, le=10_000,
+        description="silence that marks a pause inside an utterance, where a reply may start "
+                    "before the turn ends (0, or not shorter than silence_ms: none)")
     preroll_ms: int = Field(
         300, ge=0, le=5_000, description="audio kept from before the onset")
     max_utterance_ms: int = Field(
@@ -72,7 +80,24 @@ class SpeechStopped:
     capped: bool
 
 
-VadEvent = SpeechStarted | SpeechStopped
+@dataclass(frozen=True)
+class SpeechPaused:
+    """The caller has been silent for pause_ms: the utterance so far, as `SpeechStopped` would
+    carry it if the silence lasts until the close."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    pcm: np.ndarray
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    """The caller spoke again after a `SpeechPaused`: that utterance is not over."""
+
+    audio_ms: int
+
+
+VadEvent = SpeechStarted | SpeechStopped | SpeechPaused | SpeechResumed
 
 
 def _frames(ms: int) -> int:
@@ -103,6 +128,7 @@ class VadSegmenter:
         self._start_idx = 0
         self._last_voiced_idx = 0
         self._silence_run = 0
+        self._paused = False  # a SpeechPaused went out for the silence in progress
         self._in_speech = False
         self._apply(config)
 
@@ -156,6 +182,8 @@ class VadSegmenter:
         self._vad.set_mode(config.aggressiveness)
         self._onset_frames = max(1, _frames(config.onset_ms))
         self._silence_frames = max(1, _frames(config.silence_ms))
+        pause = _frames(config.pause_ms)
+        self._pause_frames = pause if 0 < pause < self._silence_frames else None
         self._preroll_frames = _frames(config.preroll_ms)
         self._max_frames = max(1, _frames(config.max_utterance_ms))
         window = _onset_window(self._onset_frames)
@@ -192,30 +220,39 @@ class VadSegmenter:
 
     def _continue_speech(self, idx: int, frame: np.ndarray, voiced: bool) -> list[VadEvent]:
         self._utterance.append(frame)
+        events: list[VadEvent] = []
         if voiced:
             self._last_voiced_idx = idx
             self._silence_run = 0
+            if self._paused:
+                self._paused = False
+                events.append(SpeechResumed(audio_ms=idx * FRAME_MS))
         else:
             self._silence_run += 1
         if self._silence_run >= self._silence_frames:
             return [self._close(capped=False)]
         if idx + 1 - self._start_idx >= self._max_frames:
-            return [self._close(capped=True)]
-        return []
+            return [*events, self._close(capped=True)]
+        if self._silence_run == self._pause_frames:
+            self._paused = True
+            start_ms, end_ms, pcm = self._so_far()
+            events.append(SpeechPaused(start_ms, end_ms, pcm))
+        return events
+
+    def _so_far(self) -> tuple[int, int, np.ndarray]:
+        """The utterance's start and end on the timeline and its audio, to its last voiced
+        frame: what a close now would deliver."""
+        end_idx = self._last_voiced_idx
+        pcm = np.concatenate(self._utterance[:end_idx - self._utt_first_idx + 1])
+        return self._start_idx * FRAME_MS, (end_idx + 1) * FRAME_MS, pcm
 
     def _close(self, capped: bool) -> SpeechStopped:
-        end_idx = self._last_voiced_idx
-        keep = end_idx - self._utt_first_idx + 1
-        pcm = np.concatenate(self._utterance[:keep])
-        event = SpeechStopped(
-            audio_start_ms=self._start_idx * FRAME_MS,
-            audio_end_ms=(end_idx + 1) * FRAME_MS,
-            pcm=pcm,
-            capped=capped,
-        )
+        start_ms, end_ms, pcm = self._so_far()
+        event = SpeechStopped(audio_start_ms=start_ms, audio_end_ms=end_ms, pcm=pcm,
+                              capped=capped)
         # After a capped close the caller may still be talking: everything up to now was
         # delivered, so the next utterance needs a fresh onset and reuses none of it as pre-roll.
-        self._consumed_idx = self._frame_count - 1 if capped else end_idx
+        self._consumed_idx = self._frame_count - 1 if capped else self._last_voiced_idx
         self._reset_detection()
         logger.debug("speech stopped at %d ms (capped=%s, %d ms of audio)",
                      event.audio_end_ms, capped, len(pcm) * 1000 // SAMPLE_RATE)
@@ -226,3 +263,4 @@ class VadSegmenter:
         self._utterance = []
         self._window.clear()
         self._silence_run = 0
+        self._paused = False

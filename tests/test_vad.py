@@ -10,6 +10,8 @@ import pytest
 
 from media.audio_format import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, SAMPLES_PER_MS
 from media.vad import (
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     VadConfig,
@@ -80,6 +82,43 @@ def test_one_utterance_has_the_true_boundaries_and_audio(speech: Speech) -> None
     assert abs(len(stopped.pcm) / SAMPLES_PER_MS - true_len_ms) <= TOLERANCE_MS
     assert not vad.in_speech
     assert vad.position_ms == len(frames_of(speech.pcm)) * FRAME_MS
+
+
+def test_a_pause_carries_the_audio_the_close_then_delivers(speech: Speech) -> None:
+    """pause_ms of silence inside an utterance is a SpeechPaused, with the very audio (and
+    bounds) of the SpeechStopped that follows when the silence goes on to silence_ms."""
+    config = VadConfig(pause_ms=200, silence_ms=500)
+    events = feed(VadSegmenter(config), speech.pcm)
+
+    kinds = [type(e) for _, e in events]
+    assert kinds[0] is SpeechStarted and kinds[-2:] == [SpeechPaused, SpeechStopped], kinds
+    (paused_at, paused), (stopped_at, stopped) = events[-2:]
+    assert isinstance(paused, SpeechPaused) and isinstance(stopped, SpeechStopped)
+    assert paused_at == paused.audio_end_ms + config.pause_ms
+    assert stopped_at == paused_at + config.silence_ms - config.pause_ms
+    assert (paused.audio_start_ms, paused.audio_end_ms) == (
+        stopped.audio_start_ms, stopped.audio_end_ms)
+    np.testing.assert_array_equal(paused.pcm, stopped.pcm)
+
+
+def test_speech_after_a_pause_resumes_the_utterance(speech: Speech) -> None:
+    """A 300 ms gap (above pause_ms, below silence_ms) pauses, then resumes, one utterance."""
+    config = VadConfig(pause_ms=200, silence_ms=500)
+    voiced = speech.pcm[speech.start_ms * SAMPLES_PER_MS:speech.end_ms * SAMPLES_PER_MS]
+    pcm = np.concatenate([silence(500), voiced, silence(300), voiced, silence(800)])
+    events = [e for _, e in feed(VadSegmenter(config), pcm)]
+
+    kinds = [type(e) for e in events]
+    assert kinds.count(SpeechStarted) == 1 and kinds.count(SpeechStopped) == 1, kinds
+    resumed = kinds.index(SpeechResumed)
+    assert SpeechPaused in kinds[:resumed], kinds
+    first_pause = events[kinds.index(SpeechPaused)]
+    stopped = events[-1]
+    assert isinstance(first_pause, SpeechPaused) and isinstance(stopped, SpeechStopped)
+    # The close covers both halves; the pause had only the first.
+    second_half_ms = 300 + len(voiced) // SAMPLES_PER_MS
+    assert stopped.audio_end_ms >= first_pause.audio_end_ms + second_half_ms // 2
+    assert len(stopped.pcm) > len(first_pause.pcm)
 
 
 def test_two_utterances_on_one_timeline(speech: Speech) -> None:
