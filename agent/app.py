@@ -26,6 +26,8 @@ from agent.api.completion_slots import CompletionSlots
 from agent.api.models_route import router as models_router
 from agent.api.realtime_ws import router as realtime_ws_router
 from agent.api.records_route import router as records_router
+from agent.api.rollout_route import router as rollout_router
+from agent.api.served_models import served_version
 from agent.api.signalling import router as signalling_router
 from agent.api.speech import router as speech_router
 from agent.api.transcription import router as transcription_router
@@ -40,6 +42,10 @@ from agent.ops.metrics import router as metrics_router
 from agent.ops.readiness import Readiness
 from agent.ops.records import CallRecords
 from agent.realtime.session import Session
+from agent.serving.binding import call_pipeline
+from agent.serving.registry import ModelRegistry
+from agent.serving.rollout import Rollouts
+from agent.serving.rollout_metrics import RolloutCollector
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +62,22 @@ def create_app(
     app does not own it (`owns_pipeline` false: a pipeline another app started, shared by
     tests that differ only in API settings). Calls are handled by a conversation `Session` on
     that pipeline unless `handler_factory` says otherwise (tests)."""
+    models = ModelRegistry(settings.profile)
+    first = served_version(settings, pipeline, owns_pipeline)
+    if first is not None:
+        models.add(first, default=True)
     if handler_factory is None and pipeline is not None:
 
-        def handler_factory(call: Call) -> Session:
-            return Session(call, pipeline, call.conversation)
+        def handler_factory(call: Call, model_id: str | None = None) -> Session:
+            """A conversation on the version the call's session pins, else the default."""
+            return Session(call, call_pipeline(models, model_id, pipeline), call.conversation)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Records first: a data directory that cannot be written stops the start, saying why.
         await asyncio.to_thread(app.state.records.open)
+        # A rollout the last process left half-done: rolled back (this one serves the old).
+        await asyncio.to_thread(app.state.rollouts.recover)
         # Everything imported and built so far lives as long as the process: keep it out of
         # the collector, whose full passes over it stalled the event loop (and /healthz, and
         # every call's pacing) for 90-160 ms each. Garbage first, so none is frozen with it.
@@ -82,6 +95,7 @@ def create_app(
             loop_lag.cancel()
             load.cancel()
             await app.state.calls.close_all()
+            await app.state.rollouts.close()  # the versions a rollout started stop with the app
             await asyncio.to_thread(app.state.records.close)  # the calls' end rows written
             if starting is not None and pipeline is not None:
                 starting.cancel()
@@ -94,14 +108,20 @@ def create_app(
     app.state.metrics = metrics = Metrics()
     app.state.records = records = CallRecords(settings.data_dir)
     app.state.calls = CallRegistry(settings, metrics, records)
-    metrics.track(lambda: len(app.state.calls), pipeline)
+    # What the app checks of its pipeline (readiness, metrics, failures) follows the default
+    # version's (agent/serving/registry.py), whichever a rollout made it.
+    serving = models if first is not None else pipeline
+    app.state.models = models
+    app.state.rollouts = Rollouts(models, settings)
+    metrics.registry.register(RolloutCollector(models, app.state.rollouts))
+    metrics.track(lambda: len(app.state.calls), serving)
     app.state.admission = Admission(AdmissionLimits(
         max_loop_lag_s=settings.admission_max_loop_lag_ms / 1e3,
         max_cpu_wait=settings.admission_max_cpu_wait, window_s=settings.admission_window_s,
     ), app.state.metrics.loop_lag_monitor)
-    app.state.readiness = Readiness(pipeline, app.state.admission)
-    if pipeline is not None:  # a stage given up for good is announced on every live call
-        announce_stage_failures(pipeline, app.state.calls)
+    app.state.readiness = Readiness(serving, app.state.admission)
+    if serving is not None:  # a stage given up for good is announced on every live call
+        announce_stage_failures(serving, app.state.calls)
     app.state.pipeline = pipeline
     app.state.completion_slots = CompletionSlots(settings.max_completions_in_flight)
     app.state.handler_factory = handler_factory
@@ -132,6 +152,7 @@ def create_app(
     app.include_router(signalling_router)
     app.include_router(realtime_ws_router)
     app.include_router(records_router)
+    app.include_router(rollout_router)  # before models_router: /v1/models/rollout is no id
     app.include_router(models_router)
     app.include_router(version_router)
     app.include_router(chat_completions_router)

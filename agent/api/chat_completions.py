@@ -67,7 +67,7 @@ async def chat_completions(request: Request) -> Response:
     completion = Completion(model.id)
     run: ModelRun[ThinkerOutput] | None = None
     try:
-        run = ModelRun(request.app.state.pipeline.generate_text(thinker_job(chat, completion)),
+        run = ModelRun(model.pipeline.generate_text(thinker_job(chat, completion)),
                        slots, ENGINE)
         first = await unless_gone(request, run.next())
     except (PipelineError, StopAsyncIteration) as exc:

@@ -11,6 +11,7 @@ import logging
 
 from fastapi import APIRouter, WebSocket
 
+from agent.api.model_pin import UnknownModelError, pinned_factory, websocket_model
 from agent.api.signalling import Refusal, json_error, refusal
 from agent.calls.registry import CallLimitError, CallRegistry
 from agent.calls.sideband import Sideband
@@ -30,6 +31,12 @@ async def realtime(websocket: WebSocket) -> None:
     call_id = websocket.query_params.get("call_id")
     if call_id is not None:
         await _sideband(websocket, state.calls, call_id)
+        return
+    asked = websocket_model(websocket.app, websocket.query_params.get("model"))
+    try:
+        factory = pinned_factory(websocket.app, asked)
+    except UnknownModelError as exc:
+        await _deny(websocket, 404, "model_not_found", str(exc))
         return
     refused = refusal(state.readiness)
     calls: CallRegistry = state.calls
@@ -51,7 +58,7 @@ async def realtime(websocket: WebSocket) -> None:
     state.metrics.calls_started.inc()
     log.info("call %s started over a WebSocket (%d live)", call.id, len(calls))
     try:
-        await call.run(websocket, state.handler_factory)
+        await call.run(websocket, factory)
     finally:
         await call.close()
 

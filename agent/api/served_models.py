@@ -1,10 +1,12 @@
 """The models this server serves, as clients name them: `name@version`.
 
-A model's name is the profile the server runs (`tiny`, `local`); it serves one version of it,
-the `model_version` setting (1 unless chosen), which is therefore its default: an unpinned
-`tiny` means that version, `tiny@1` names it, any other version is not served. Each version is
-its family, its checkpoint's checksum and the engine range it was built for (its manifest:
-pipeline.model_versions), and its stages' state from readiness (/readyz).
+A model's name is the profile the server runs (`tiny`, `local`); the server starts with one
+version of it, the `model_version` setting (1 unless chosen), its default; a rollout adds others
+beside it (agent/serving: each version its own pipeline) and moves the default. An unpinned
+`tiny` means the default (or, during a red-black shift, the version the shift sends it to),
+`tiny@2` names a version, any other version is not served. Each version is its family, its
+checkpoint's checksum and the engine range it was built for (its manifest:
+pipeline.model_versions), its state (serving, draining...) and its stages' state.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from fastapi.responses import JSONResponse
 
 from agent.api.openai_errors import openai_error
 from agent.ops.readiness import Readiness
+from agent.serving.binding import unknown_model
+from agent.serving.registry import ModelRegistry, ServedVersion
 from pipeline.engine_range import ENGINES
 from pipeline.families import load_family
 from pipeline.families.build_support import MANIFEST
@@ -28,66 +32,88 @@ OWNER = "omnivox"
 
 @dataclass(frozen=True)
 class ServedModel:
-    """One version of one model: its profile name, version and model family."""
+    """One version of one model as clients see it: its served version, and whether it is the
+    default of its name."""
 
-    name: str
-    version: str
-    family: str
-    default: bool  # what an unpinned request for `name` gets
-    root: Path  # the version's models directory (pipeline.model_versions.version_root)
+    served: ServedVersion
+    default: bool  # what an unpinned request for `name` gets (outside a shift)
 
     @property
     def id(self) -> str:
-        return f"{self.name}@{self.version}"
+        return self.served.id
+
+    @property
+    def pipeline(self) -> Any:
+        return self.served.pipeline
 
     def created(self) -> int:
         """When its checkpoint was built (unix seconds; 0 while it is not built yet)."""
         try:
-            return int((self.root / self.family / MANIFEST).stat().st_mtime)
+            return int((self.served.root / self.served.family / MANIFEST).stat().st_mtime)
         except OSError:
             return 0
 
     @property
     def recognises_speech(self) -> bool:
         """Whether its family writes what a speaker said (transcriptions)."""
-        return bool(getattr(load_family(self.family), "RECOGNISES_SPEECH", False))
+        return bool(getattr(load_family(self.served.family), "RECOGNISES_SPEECH", False))
 
     def build(self) -> dict[str, Any]:
         """Its family, checkpoint directory, checksum and engine range (null while not built)."""
-        manifest = built_manifest(self.root, self.family) or {}
-        return {"id": self.id, "name": self.name, "version": self.version,
-                "default": self.default, "family": self.family,
-                "directory": str(self.root / self.family), "checksum": manifest.get("checksum"),
+        s = self.served
+        manifest = built_manifest(s.root, s.family) or {}
+        return {"id": self.id, "name": s.name, "version": s.version,
+                "default": self.default, "family": s.family,
+                "directory": str(s.root / s.family), "checksum": manifest.get("checksum"),
                 "engines": manifest.get(ENGINES)}
 
     def describe(self, readiness: Readiness) -> dict[str, Any]:
-        """OpenAI's model object, with the version, whether it is the default, its build and its
-        stages' state added."""
+        """OpenAI's model object, with the version, whether it is the default, its build, its
+        serving state, the calls on it and its stages' state (`readiness`: its pipeline's)."""
         return {**self.build(), "object": "model", "created": self.created(), "owned_by": OWNER,
+                "state": str(self.served.state), "calls": self.served.calls,
                 "ready": readiness.stages_ready(), "stages": readiness.stages()}
 
 
+def registry(app: FastAPI) -> ModelRegistry:
+    models: ModelRegistry = app.state.models
+    return models
+
+
 def served_models(app: FastAPI) -> list[ServedModel]:
-    """Every model version the app serves: its profile's, once it has a model pipeline."""
-    family = getattr(getattr(app.state.pipeline, "settings", None), "family", None)
-    if family is None:  # a media-only server answers calls with no models
-        return []
-    settings = app.state.settings  # the pipeline's models_dir is the served version's root
-    return [ServedModel(settings.profile, settings.model_version, family, True,
-                        Path(app.state.pipeline.settings.models_dir))]
+    """Every model version the app serves (none on a media-only server)."""
+    models = registry(app)
+    return [ServedModel(v, models.is_default(v)) for v in models.versions()]
+
+
+def served_version(settings: Any, pipeline: Any, owned: bool) -> ServedVersion | None:
+    """The version the app starts with: its profile's pipeline, once it has a model family;
+    `owned`: the app's own (a red-black rollout from it stops its workers)."""
+    family = getattr(getattr(pipeline, "settings", None), "family", None)
+    if family is None:  # a media-only server (or a test's stand-in) answers with no models
+        return None
+    return ServedVersion(settings.profile, settings.model_version, family,
+                         Path(pipeline.settings.models_dir), pipeline, owned=owned)
+
+
+def readiness_of(app: FastAPI, model: ServedModel) -> Readiness:
+    """The readiness of a version's stages: the app's own for the version it started with (it
+    knows why that start failed), else its pipeline's."""
+    if model.pipeline is app.state.pipeline:
+        readiness: Readiness = app.state.readiness
+        return readiness
+    return Readiness(model.pipeline)
 
 
 def resolve(app: FastAPI, model_id: str) -> ServedModel | None:
-    """The version `model_id` names: `name@version` exactly, or `name`'s default."""
-    name, pinned, version = model_id.partition("@")
-    for model in served_models(app):
-        if model.name == name and (model.version == version if pinned else model.default):
-            return model
-    return None
+    """The version `model_id` names: `name@version` exactly, or `name`'s default (or where a
+    red-black shift sends this request)."""
+    models = registry(app)
+    served = models.resolve(model_id)
+    return None if served is None else ServedModel(served, models.is_default(served))
 
 
 def not_served(app: FastAPI, model_id: str) -> JSONResponse:
     """404 `model_not_found` for an id this server does not serve, naming the versions it does."""
-    served = ", ".join(model.id for model in served_models(app)) or "none"
-    return openai_error(404, "model_not_found", f"The model {model_id!r} is not served here; "
-                        f"the versions served are: {served} (GET /v1/models)", param="model")
+    return openai_error(404, "model_not_found", str(unknown_model(registry(app), model_id)),
+                        param="model")

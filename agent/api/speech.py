@@ -78,14 +78,15 @@ async def speech(request: Request) -> Response:
     asked = await read_request(request, SpeechRequest, MAX_BODY_BYTES)
     if isinstance(asked, JSONResponse):
         return asked
-    if resolve(request.app, asked.model) is None:
+    model = resolve(request.app, asked.model)
+    if model is None:
         return not_served(request.app, asked.model)
     slots: CompletionSlots = request.app.state.completion_slots
     if not slots.take(ENGINE):
         return slots.busy(ENGINE)
     speech_id = f"speech_{uuid.uuid4().hex[:20]}"
     turn = Turn(speech_id, [], voice=asked.voice_name(), call_id=speech_id, recite=asked.input)
-    run: ModelRun[Event] = ModelRun(request.app.state.pipeline.respond(turn), slots, ENGINE)
+    run: ModelRun[Event] = ModelRun(model.pipeline.respond(turn), slots, ENGINE)
     first = await unless_gone(request, first_audio(run))
     if first is None:
         await run.close()

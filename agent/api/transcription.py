@@ -65,7 +65,7 @@ async def transcriptions(request: Request) -> Response:
         return openai_error(400, "invalid_request", f"the model {model.id} does not transcribe "
                             f"speech (its family's Thinker hears audio without writing it down)",
                             param="model")
-    block = request.app.state.pipeline.settings.pool.block_size
+    block = model.pipeline.settings.pool.block_size
     try:
         # Off the event loop, as the form's parsing: measured 80 ms to decode 30 s of WAV and
         # 80 ms to parse its 1 MB form (a 25 MB one: seconds), each a stall in every call's pacing.
@@ -77,7 +77,7 @@ async def transcriptions(request: Request) -> Response:
         return slots.busy(ENGINE)
     turn_id = f"transcription_{uuid.uuid4().hex[:20]}"
     turn = Turn(turn_id, [], audio=audio, call_id=turn_id, speak=False, transcribe=True)
-    run: ModelRun[Event] = ModelRun(request.app.state.pipeline.respond(turn), slots, ENGINE)
+    run: ModelRun[Event] = ModelRun(model.pipeline.respond(turn), slots, ENGINE)
     try:
         heard = await unless_gone(request, transcript_of(run))
     finally:

@@ -58,10 +58,14 @@ class ClientEvents:
         handler(event)
 
     def session_update(self, event: Any) -> None:
-        """Apply every change or none: a bad value is an `error` and the session stays as is."""
+        """Apply every change or none: a bad value (a model not served among them) is an
+        `error` and the session stays as is."""
         live = self.session
         try:
             config = configure(event.session, live.config())
+            model = getattr(event.session, "model", None)
+            if model is not None:  # taken up at the next turn boundary (serving/binding.py)
+                live.pin(model)
         except ValueError as exc:
             live.call.send_event(
                 error_event(f"session.update: {exc}", code="invalid_value",

@@ -1,0 +1,199 @@
+"""Model versions served side by side and rolled out on a live server (issue 14), on the tiny
+family: a versioned rollout keeps a pinned caller on its version while unpinned callers get the
+new default; a red-black rollout while four WebRTC calls talk drops no call and fails no turn,
+new calls land on the new version and the old one's workers are gone at the end; a version
+that fails its checks rolls back with the old one still serving.
+
+One app serves the whole module on the shared tiny pipeline (tiny@1, not this app's: it is
+never stopped here) and starts tiny@2 once, in the first test. The red-black rollout goes from
+tiny@2 back to tiny@1, the direction whose old version the app owns, so its workers can be
+seen to stop without starting a third pipeline on two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from agent.app import create_app
+from agent.cli import build_models, parse_args, settings_of
+from agent.config import ConversationSettings, Settings
+from agent.serving import rollout_command
+from tests.openai_clients import clients
+from tests.product_calls import connect, say, session_of, update_session
+from tests.rtc_client import RtcCaller
+from tests.served import Served, serve
+
+pytestmark = pytest.mark.engines
+TIMEOUT_S = 240.0  # guards hangs only: a turn takes seconds, an engine start most of a minute
+THINKER_WEIGHTS = "thinker/model.safetensors"
+
+
+def _build(models: Path, version: str, seed: int) -> None:
+    args = parse_args(["models", "build", "tiny", "--models-dir", str(models),
+                       "--version", version, "--seed", str(seed)])
+    assert build_models(args, settings_of(args)) == 0
+
+
+@pytest.fixture(scope="module")
+async def server(shared_tiny_server: Served, tiny_models_dir: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    """This module's app on the shared tiny@1 pipeline, with tiny@2 built beside it and a
+    tiny@3 whose weights were changed after its build."""
+    await asyncio.to_thread(_build, tiny_models_dir, "2", 8)
+    await asyncio.to_thread(_build, tiny_models_dir, "3", 9)
+    weights = tiny_models_dir / "versions/3/tiny" / THINKER_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    settings = Settings(profile="tiny", models_dir=tiny_models_dir, max_calls=8,
+                        data_dir=tmp_path_factory.mktemp("rollout-data"),
+                        conversation=ConversationSettings(max_reply_tokens=16))
+    app = create_app(settings, pipeline=shared_tiny_server.app.state.pipeline,
+                     owns_pipeline=False)
+    async with serve(app) as served:
+        yield served
+
+
+async def command(run: Any, *argv: str) -> int:
+    """`omnivox models ARGV` (its command, without main's process-wide logging), in a thread:
+    the server runs on this loop."""
+    return int(await asyncio.to_thread(run, parse_args(["models", *argv])))
+
+
+async def models_of(served: Served) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        listing = (await http.get("/v1/models")).json()
+    return {m["id"]: m for m in listing["data"]} | {"rollout": listing["rollout"]}
+
+
+async def admin(served: Served, path: str, **body: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=served.url, timeout=TIMEOUT_S) as http:
+        return await http.post(path, json=body)
+
+
+async def completion_model(served: Served, model: str) -> str:
+    """The version that answered a chat completion for `model`."""
+    _, client = clients(served)
+    reply = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_completion_tokens=4)
+    return reply.model
+
+
+async def talk(caller: RtcCaller, turn: int) -> dict[str, Any]:
+    """One typed turn; the response.done it ended with."""
+    say(caller, f"Tell me something, please ({turn}).")
+    done = await caller.wait_for("response.done", TIMEOUT_S, count=turn)
+    return done["response"]
+
+
+async def test_versioned_rollout_keeps_a_pinned_caller_on_its_version(server: Served) -> None:
+    pinned = await connect(server.url)
+    update_session(pinned, model="tiny@1")
+    assert (await pinned.wait_for("session.updated"))["session"]["model"] == "tiny@1"
+
+    # Through the command line, as an operator would (in a thread: the server is on this loop).
+    assert await command(rollout_command.rollout, "rollout", "tiny@2", "--url", server.url,
+                         "--strategy", "versioned") == 0
+    models = await models_of(server)
+    assert models["tiny@2"]["default"] and not models["tiny@1"]["default"]
+    assert models["tiny@2"]["state"] == "serving" and models["tiny@2"]["ready"]
+    assert models["tiny@1"]["calls"] == 1
+    rollout = models["rollout"]
+    assert (rollout["phase"], rollout["previous"], rollout["target"]) == ("done", "tiny@1",
+                                                                           "tiny@2")
+    assert rollout["canary"][0]["audio_ms"] > 0
+
+    # Unpinned traffic goes to the new default, pinned traffic stays.
+    assert await completion_model(server, "tiny") == "tiny@2"
+    assert await completion_model(server, "tiny@1") == "tiny@1"
+    fresh = await connect(server.url)
+    assert (await fresh.wait_for("session.created"))["session"]["model"] == "tiny@2"
+    assert (await talk(fresh, 1))["status"] == "completed"
+    assert (await talk(pinned, 1))["status"] == "completed"
+    assert session_of(server, pinned).pipeline.served.id == "tiny@1"
+
+    # tiny@1 cannot be retired under its pinned caller, nor tiny@2, the default.
+    refused = await admin(server, "/v1/models/tiny@1/retire")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "model_in_use"
+    refused = await admin(server, "/v1/models/tiny@2/retire")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "model_is_default"
+    await asyncio.gather(pinned.hang_up(), fresh.hang_up())
+
+    assert await command(rollout_command.retire, "retire", "tiny@1", "--url", server.url) == 0
+    assert set(await models_of(server)) == {"tiny@2", "rollout"}
+    with pytest.raises(openai.NotFoundError, match="served are: tiny@2"):
+        await completion_model(server, "tiny@1")
+
+
+async def test_red_black_rollout_under_four_calls_drops_nothing(server: Served) -> None:
+    old = server.app.state.models.get("tiny@2")
+    assert old is not None and server.app.state.models.default("tiny") is old
+    old_pids = [s.pid for s in old.pipeline.health().stages.values()]
+    callers = [await connect(server.url) for _ in range(4)]
+    await asyncio.gather(*(talk(c, 1) for c in callers))
+
+    started = await admin(server, "/v1/models/rollout", model="tiny@1", strategy="red-black",
+                          steps=[50, 100])
+    assert started.status_code == 202, started.text
+    # The calls go on talking through the checks, the shift and into the drain.
+    done = await asyncio.gather(*(talk(c, 2) for c in callers))
+    await wait_phase(server, "draining")
+    done += await asyncio.gather(*(talk(c, 3) for c in callers))
+    assert [r["status"] for r in done] == ["completed"] * 8
+    assert all(session_of(server, c).pipeline.served is old for c in callers)
+
+    newcomer = await connect(server.url)
+    assert (await newcomer.wait_for("session.created"))["session"]["model"] == "tiny@1"
+    assert (await talk(newcomer, 1))["status"] == "completed"
+    assert {c.location for c in callers} <= {f"/v1/realtime/calls/{call.id}"
+                                             for call in server.app.state.calls}  # none dropped
+
+    await asyncio.gather(*(c.hang_up() for c in callers))
+    await wait_phase(server, "done")
+    assert set(await models_of(server)) == {"tiny@1", "rollout"}
+    assert all(not _alive(pid) for pid in old_pids)  # tiny@2's workers are gone
+    await newcomer.hang_up()
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        metrics = (await http.get("/metrics")).text
+    assert 'omnivox_rollout_phase{phase="done",previous="tiny@2",strategy="red-black",' \
+           'target="tiny@1"} 1.0' in metrics
+    assert 'omnivox_model_version{default="true",model="tiny@1",state="serving"} 1.0' in metrics
+
+
+async def test_a_version_that_fails_its_checks_rolls_back(server: Served) -> None:
+    assert await command(rollout_command.rollout, "rollout", "tiny@3", "--url", server.url) == 1
+    models = await models_of(server)
+    assert set(models) == {"tiny@1", "rollout"} and models["tiny@1"]["default"]
+    rollout = models["rollout"]
+    assert rollout["phase"] == "rolled_back" and rollout["percent"] == 0
+    assert "tiny@3 did not start" in rollout["reason"] and THINKER_WEIGHTS in rollout["reason"]
+    assert await completion_model(server, "tiny") == "tiny@1"  # the old version serves on
+    missing = await admin(server, "/v1/models/rollout", model="tiny@9", strategy="versioned",
+                          wait=True)
+    assert missing.json()["phase"] == "rolled_back" and "not built" in missing.json()["reason"]
+
+
+async def wait_phase(served: Served, phase: str) -> None:
+    for _ in range(int(TIMEOUT_S * 10)):
+        state = served.app.state.rollouts.state
+        if state is not None and state.phase == phase:
+            return
+        assert state is None or state.phase != "rolled_back", state.reason
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the rollout never reached {phase}")
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
