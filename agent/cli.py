@@ -203,7 +203,9 @@ def pipeline_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     from agent.app import create_app, run_server
     from agent.profiles import build_pipeline
+    from agent.serving.rollout_state import served_after_restart
 
+    settings = served_after_restart(settings)  # what the last rollout left as the default
     pipeline = build_pipeline(settings, pipeline_overrides(args))
     check_served_version(pipeline.settings.family, pipeline.settings.models_dir)
     if pipeline.settings.model_path is not None:

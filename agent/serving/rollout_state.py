@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.config import Settings
+
 log = logging.getLogger(__name__)
 STATE_FILE = "rollout.json"
 
@@ -93,3 +95,19 @@ def load(directory: Path | None) -> RolloutState | None:
     except (OSError, ValueError, TypeError, KeyError) as exc:
         log.warning("ignoring the rollout state in %s: %s", path, exc)
         return None
+
+
+def served_after_restart(settings: Settings) -> Settings:
+    """The settings a restarted server serves with: unless `model_version` is set (flag or
+    environment: it wins), the version the last rollout of this profile left as the default,
+    its target once done, else (cut short by the restart, or rolled back) the one it replaced."""
+    if "model_version" in settings.model_fields_set:
+        return settings
+    state = load(settings.data_dir)
+    if state is None or state.name != settings.profile:
+        return settings
+    version = state.target if state.phase == Phase.DONE else state.previous
+    if version != settings.model_version:
+        log.info("serving %s@%s, the default the last rollout (%s, %s) left", state.name,
+                 version, state.target_id, state.phase)
+    return settings.model_copy(update={"model_version": version})

@@ -1,0 +1,131 @@
+"""Rollout bookkeeping without engines: the persisted state and what a restarted server makes
+of it, the refusals of a rollout asked wrongly, and a call's binding to its model version
+(a pin takes over only between turns; each turn's cancel reaches the version running it)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import Settings
+from agent.serving.binding import UnknownModelError, VersionBinding
+from agent.serving.registry import ModelRegistry, ServedVersion, VersionState
+from agent.serving.rollout import RolloutRefused, Rollouts
+from agent.serving.rollout_state import (
+    Phase,
+    RolloutState,
+    Strategy,
+    load,
+    save,
+    served_after_restart,
+)
+from pipeline.events import Turn, TurnDone
+
+
+class Stage:
+    """A stand-in pipeline: each turn waits for `go`, then is done; cancels are noted."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.turns: list[str] = []
+        self.cancelled: list[str] = []
+
+    async def respond(self, turn: Turn) -> AsyncIterator[Any]:
+        self.turns.append(turn.turn_id)
+        await self.go.wait()
+        yield TurnDone(turn.turn_id, "", {})
+
+    async def cancel(self, turn_id: str) -> bool:
+        self.cancelled.append(turn_id)
+        return True
+
+
+def registry() -> tuple[ModelRegistry, ServedVersion, ServedVersion]:
+    models = ModelRegistry("tiny")
+    one = ServedVersion("tiny", "1", "tiny", Path("/m"), Stage(), owned=False)
+    two = ServedVersion("tiny", "2", "tiny", Path("/m/versions/2"), Stage(), owned=True)
+    models.add(one, default=True)
+    models.add(two)
+    return models, one, two
+
+
+def test_a_restarted_server_serves_what_the_last_rollout_left(tmp_path: Path) -> None:
+    settings = Settings(profile="tiny", data_dir=tmp_path)
+    assert served_after_restart(settings).model_version == "1"  # no rollout yet
+    state = RolloutState("tiny", "2", "1", Strategy.RED_BLACK, phase=Phase.SHIFTING)
+    save(tmp_path, state)
+    assert load(tmp_path) == state
+    assert served_after_restart(settings).model_version == "1"  # cut short: the old one
+    state.phase = Phase.DONE
+    save(tmp_path, state)
+    assert served_after_restart(settings).model_version == "2"
+    assert served_after_restart(Settings(profile="tiny", data_dir=tmp_path,
+                                         model_version="3")).model_version == "3"  # set wins
+    assert served_after_restart(Settings(profile="local", data_dir=tmp_path)
+                                ).model_version == "1"
+
+
+def test_a_rollout_cut_short_by_a_restart_is_recorded_rolled_back(tmp_path: Path) -> None:
+    save(tmp_path, RolloutState("tiny", "2", "1", Strategy.RED_BLACK, phase=Phase.DRAINING,
+                                percent=100))
+    rollouts = Rollouts(registry()[0], Settings(profile="tiny", data_dir=tmp_path))
+    rollouts.recover()
+    for state in (rollouts.state, load(tmp_path)):
+        assert state is not None and state.phase == Phase.ROLLED_BACK and state.percent == 0
+        assert "restarted during the rollout (draining)" in (state.reason or "")
+
+
+@pytest.mark.parametrize(("model", "steps", "code"), [
+    ("local@2", None, "model_not_found"), ("tiny@1", None, "already_default"),
+    ("tiny", None, "invalid_model"), ("tiny@2", [50, 20], "invalid_steps"),
+    ("tiny@2", [0, 100], "invalid_steps"),
+])
+def test_a_rollout_asked_wrongly_is_refused_before_anything_changes(
+    tmp_path: Path, model: str, steps: list[int] | None, code: str
+) -> None:
+    models, one, _ = registry()
+    rollouts = Rollouts(models, Settings(profile="tiny", data_dir=tmp_path))
+    with pytest.raises(RolloutRefused) as refused:
+        rollouts.begin(model, Strategy.RED_BLACK, steps)
+    assert refused.value.code == code
+    assert rollouts.state is None and models.default("tiny") is one
+
+
+async def test_a_pin_takes_over_between_turns_and_cancels_reach_the_turns_version() -> None:
+    models, one, two = registry()
+    binding = VersionBinding(models, one)
+    assert (one.calls, binding.model_id) == (1, "tiny@1")
+    with pytest.raises(UnknownModelError, match="served are: tiny@1, tiny@2"):
+        binding.pin("tiny@9")
+    first = asyncio.ensure_future(_events(binding, "t1"))
+    await asyncio.sleep(0)
+    binding.pin("tiny@2")  # mid-turn: the turn in flight stays where it runs
+    assert binding.model_id == "tiny@2" and binding.served is one
+    await binding.cancel("t1")
+    one.pipeline.go.set()
+    await first
+    two.pipeline.go.set()
+    await _events(binding, "t2")
+    assert (one.pipeline.turns, two.pipeline.turns) == (["t1"], ["t2"])
+    assert one.pipeline.cancelled == ["t1"] and (one.calls, two.calls) == (0, 1)
+    binding.release()
+    assert two.calls == 0
+
+
+def test_a_shift_sends_unpinned_callers_to_a_serving_version_only() -> None:
+    models, one, two = registry()
+    models.split("tiny", "2", 100)
+    assert models.resolve("tiny") is two and models.resolve("tiny@1") is one
+    two.state = VersionState.CHECKING  # not ready for callers yet: neither shifted nor pinned
+    assert models.resolve("tiny") is one and models.resolve("tiny@2") is None
+    models.split("tiny", None)
+    one.state = VersionState.DRAINING  # still reached by callers pinned to it
+    assert models.resolve("tiny@1") is one
+
+
+async def _events(binding: VersionBinding, turn_id: str) -> list[Any]:
+    return [event async for event in binding.respond(Turn(turn_id, []))]
