@@ -7,8 +7,9 @@ random weights (a fixed reply length, audio ids only).
 - `omni`: Qwen2.5-Omni (transformers' classes at test size) hears the caller's audio directly
   in its Thinker, its converted Talker speaks on vLLM from the Thinker's hidden states, and
   token2wav renders windows as codes arrive.
-- `orpheus`: an Orpheus Llama Talker on vLLM (Orpheus's real ids) speaks the tiny Thinker's
-  text, and SNAC decodes its 7-token frames in windows.
+- `orpheus`: Qwen2.5-Omni's thinker (the checkpoint's thinker/, a tiny release) hears the
+  caller, an Orpheus Llama Talker on vLLM (Orpheus's real ids) speaks its text, and SNAC
+  decodes its 7-token frames in windows.
 
 Random weights: the audio is noise. The caller hears the reply, and talking over a reply still
 being generated cancels every request of the turn in every engine."""
@@ -28,8 +29,8 @@ from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline, load_profiles
 from pipeline.families.build_support import read_manifest
 from pipeline.families.orpheus import build_orpheus
-from pipeline.families.orpheus.release import SNAC, TALKER
-from pipeline.families.qwen25_omni.build import SEED
+from pipeline.families.orpheus.release import SNAC, TALKER, THINKER
+from pipeline.families.qwen25_omni.build import SEED, release_dir
 from pipeline.families.qwen25_omni.release import write_tiny_release
 from tests.conftest import wait_ready
 from tests.product_calls import (
@@ -55,6 +56,7 @@ def tiny_checkpoint(profile: str, folder: Path) -> Path:
     (folder / "release").mkdir()
     for part in (TALKER, SNAC):
         (folder / "release" / part).symlink_to(built / part)
+    (folder / "release" / THINKER).symlink_to(release_dir(built.parent / "qwen25_omni"))
     return folder / "release"
 
 
@@ -89,6 +91,9 @@ async def test_the_caller_hears_the_reply_and_barge_in_cuts_it(served: Served,
     pipeline = served.app.state.pipeline.settings  # its parts derived from the checkpoint
     built = read_manifest(Path(pipeline.models_dir) / pipeline.family)
     assert built["release"] == str(pipeline.model_path) and built["seed"] is None
+    if pipeline.family == "orpheus":  # its Thinker: qwen25_omni's, from the thinker/ release
+        thinker = read_manifest(Path(pipeline.models_dir) / "qwen25_omni")
+        assert thinker["release"] == str((pipeline.model_path / THINKER).resolve())
     caller = await connect(served.url, question)
     try:
         first = await caller.wait_for("response.done", timeout=180)

@@ -80,7 +80,8 @@ def test_dry_run_writes_each_stage_size(tmp_path: Path) -> None:
     assert "cuda_ipc_tests" not in result
     omni, orpheus = result["families"]["qwen25_omni"], result["families"]["orpheus"]
     assert set(omni["stages"]) == {"thinker", "talker", "voicebox"}
-    assert set(orpheus["stages"]) == {"talker", "voicebox"}
+    assert set(orpheus["stages"]) == {"thinker", "talker", "voicebox"}  # qwen25_omni's Thinker
+    assert orpheus["stages"]["thinker"].keys() == {"thinker LM (vLLM)", "audio tower (torch)"}
     for family in (omni, orpheus):
         assert "levels" not in family  # nothing started
         for parts in family["stages"].values():

@@ -33,7 +33,7 @@ MIN_FRAMES = 2  # 14 of 280 or fewer: about 5e-5 likely
 
 @pytest.fixture(scope="module")
 def family_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The models directory with the orpheus family (and the tiny one, its Thinker's) built."""
+    """The models directory with the orpheus family (and qwen25_omni, its Thinker's) built."""
     models = tmp_path_factory.mktemp("models")
     build_orpheus(models, progress=False)
     return models
@@ -52,7 +52,7 @@ def test_build_is_deterministic_and_idempotent(family_models: Path, tmp_path: Pa
     assert (family / "manifest.json").stat().st_mtime_ns == stamp, "a matching build is kept"
     again = build_orpheus(tmp_path / "again", progress=False) / "manifest.json"
     assert read_manifest(again.parent)["checksum"] == read_manifest(family)["checksum"]
-    assert (family_models / "tiny" / "thinker" / "config.json").is_file()
+    assert (family_models / "qwen25_omni" / "thinker_lm" / "config.json").is_file()
 
 
 def test_prompt_is_the_references_ids(family_models: Path) -> None:

@@ -1,17 +1,20 @@
 """The profiles that serve real weights (`omni`, `orpheus`) read a checkpoint directory given
 by --model-path, and `omnivox serve` refuses in one line (exit 2), before starting anything,
 when it is not given, absent, of the wrong architecture or incomplete; the profiles that build
-their own weights refuse one. (Served end to end from a checkpoint directory:
+their own weights refuse one; the orpheus checkpoint's thinker/ must be a Qwen2.5-Omni release
+or a vLLM chat model directory. (Served end to end from a checkpoint directory:
 test_architecture_calls.py.)"""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from agent.cli import main
+from pipeline.families.orpheus.release import CHAT_THINKER, thinker_kind
 
 
 def serve(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> str:
@@ -31,6 +34,7 @@ def write_config(directory: Path, **config: object) -> Path:
 def orpheus_layout(root: Path, vocab: int = 156940, rate: int = 24000) -> Path:
     write_config(root / "talker", architectures=["LlamaForCausalLM"], vocab_size=vocab)
     write_config(root / "snac", sampling_rate=rate)
+    write_config(root / "thinker", architectures=["LlamaForCausalLM"])
     return root
 
 
@@ -66,16 +70,52 @@ def test_omni_refuses_a_directory_that_is_not_a_whole_release(
     assert "lacks model.safetensors, vocab.json, tokenizer_config.json" in err
 
 
-def test_orpheus_refuses_a_directory_without_its_two_parts(
+def test_orpheus_refuses_a_directory_without_its_parts(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     bare = tmp_path / "bare"
     bare.mkdir()
     assert "lacks talker/config.json" in serve(capsys, tmp_path, "--profile", "orpheus",
                                                "--model-path", str(bare))
+    no_thinker = orpheus_layout(tmp_path / "no_thinker")
+    shutil.rmtree(no_thinker / "thinker")
+    err = serve(capsys, tmp_path, "--profile", "orpheus", "--model-path", str(no_thinker))
+    assert "lacks thinker/config.json" in err and "any vLLM chat model directory" in err
     small = orpheus_layout(tmp_path / "small", vocab=128256)
     assert "is not an Orpheus talker" in serve(capsys, tmp_path, "--profile", "orpheus",
                                                "--model-path", str(small))
     other_rate = orpheus_layout(tmp_path / "rate", rate=32000)
     assert "is not SNAC 24 kHz" in serve(capsys, tmp_path, "--profile", "orpheus",
                                          "--model-path", str(other_rate))
+
+
+def test_orpheus_refuses_a_thinker_that_is_no_chat_model_or_omni_release(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The checkpoint's thinker/ must be a whole Qwen2.5-Omni release or a vLLM chat model
+    directory (architecture, weights, tokenizer with a chat template); the refusal names what
+    it lacks."""
+    checkpoint = orpheus_layout(tmp_path / "checkpoint")
+    thinker = checkpoint / "thinker"
+    err = serve(capsys, tmp_path, "--profile", "orpheus", "--model-path", str(checkpoint))
+    assert (f"the Thinker at {thinker} is neither a Qwen2.5-Omni release nor a vLLM chat model "
+            "directory: it lacks weights (*.safetensors or *.bin), tokenizer_config.json, "
+            "a chat template") in err
+    (thinker / "model.safetensors").touch()
+    (thinker / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    err = serve(capsys, tmp_path, "--profile", "orpheus", "--model-path", str(checkpoint))
+    assert err.endswith("it lacks a chat template")
+    write_config(thinker, model_type="qwen2_5_omni",
+                 architectures=["Qwen2_5OmniForConditionalGeneration"])
+    err = serve(capsys, tmp_path, "--profile", "orpheus", "--model-path", str(checkpoint))
+    assert f"Qwen2.5-Omni release at {thinker} lacks vocab.json" in err
+
+
+def test_a_chat_model_directory_is_a_thinker(tmp_path: Path) -> None:
+    thinker = write_config(tmp_path / "chat", architectures=["Qwen2ForCausalLM"])
+    (thinker / "model.safetensors").touch()
+    (thinker / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ x }}"}))
+    assert thinker_kind(thinker) == CHAT_THINKER
+    (thinker / "tokenizer_config.json").write_text("{}")
+    (thinker / "chat_template.jinja").write_text("{{ x }}")
+    assert thinker_kind(thinker) == CHAT_THINKER

@@ -1,10 +1,10 @@
 """`omnivox bench gpu`: the real-architecture families at their real sizes, no weights, on a GPU.
 
 For each family (`gpu_families`): build it, start its pipeline, run 1, 16 and 64 concurrent
-turns (`pipeline_turns.run_turn`; a short caller utterance with each qwen25_omni turn), take
-first audio p50/p95, turns/s and each stage's GPU memory (`gpu_memory`), stop it; then run
-tests/test_cuda_ipc_transport.py and tests/test_cuda_ipc_gpu.py. Figures are printed and
-written as JSON, none asserted.
+turns (`pipeline_turns.run_turn`; a short caller utterance with each turn: both families'
+Thinkers are Qwen2.5-Omni's, which hears it), take first audio p50/p95, turns/s and each
+stage's GPU memory (`gpu_memory`), stop it; then run tests/test_cuda_ipc_transport.py and
+tests/test_cuda_ipc_gpu.py. Figures are printed and written as JSON, none asserted.
 Without CUDA it refuses in one line (exit 2); `--size tiny` runs the same harness on the CPU
 with the tiny checkpoints, and `--dry-run` builds the directories and prints each stage's
 parameters and weight memory without starting anything.

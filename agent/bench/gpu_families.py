@@ -22,16 +22,17 @@ FAMILIES = ("qwen25_omni", "orpheus")
 PROFILES = {"qwen25_omni": "omni-tiny", "orpheus": "orpheus-tiny"}
 GIB = 2**30
 KV_CACHE = {("qwen25_omni", "thinker"): 8 * GIB, ("qwen25_omni", "talker"): 4 * GIB,
-            ("orpheus", "talker"): 12 * GIB}
+            ("orpheus", "thinker"): 8 * GIB, ("orpheus", "talker"): 12 * GIB}
 # vLLM refuses to start unless the device's free memory covers this fraction of it, even with
 # a fixed KV cache: each engine asks for what it holds, so the two engines of a family (and
 # the Thinker's torch model) start side by side.
 GPU_FRACTION = {("qwen25_omni", "thinker"): 0.25, ("qwen25_omni", "talker"): 0.10,
-                ("orpheus", "thinker"): 0.05, ("orpheus", "talker"): 0.20}
+                ("orpheus", "thinker"): 0.25, ("orpheus", "talker"): 0.20}
 # Eager (no CUDA graphs): graph capture would spend the time budget starting engines.
 GPU_ENGINE = {"dtype": "bfloat16", "max_num_seqs": 128, "max_model_len": 2048,
               "enforce_eager": True}
-CPU_PARTS = {"qwen25_omni": ["thinker audio tower", "voicebox token2wav"], "orpheus": []}
+CPU_PARTS = {"qwen25_omni": ["thinker audio tower", "voicebox token2wav"],
+             "orpheus": ["thinker audio tower"]}
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,17 @@ def prepare(family: str, size: str, root: Path, cuda: bool) -> FamilyRun:
 
 
 def _qwen25_omni(size: str, root: Path, cuda: bool) -> FamilyRun:
+    sizes = _omni_built(size, root)
+    settings = _settings("qwen25_omni", root, cuda)
+    stages = settings["stages"]
+    stages["talker"]["max_codes"] = 50 if size == "real" else 40  # random codes never stop
+    if cuda:
+        stages["thinker"] |= {"states_device": "cuda", "states_dtype": "bfloat16"}
+    return FamilyRun("qwen25_omni", settings, sizes, audio=True)
+
+
+def _omni_built(size: str, root: Path) -> dict[str, Any]:
+    """Build qwen25_omni at `size` under `root` (kept when built); its stage sizes."""
     from transformers import Qwen2_5OmniConfig
 
     from pipeline.families.qwen25_omni.build import build_qwen25_omni, release_dir
@@ -73,26 +85,22 @@ def _qwen25_omni(size: str, root: Path, cuda: bool) -> FamilyRun:
         family_dir = build_qwen25_omni(root, progress=False)
     config = Qwen2_5OmniConfig.from_pretrained(release_dir(family_dir))
     states_bytes = 2 if size == "real" else 4  # the GPU run holds them in bfloat16
-    settings = _settings("qwen25_omni", root, cuda)
-    stages = settings["stages"]
-    stages["talker"]["max_codes"] = 50 if size == "real" else 40  # random codes never stop
-    if cuda:
-        stages["thinker"] |= {"states_device": "cuda", "states_dtype": "bfloat16"}
-    return FamilyRun("qwen25_omni", settings,
-                     stage_sizes(release_tensors(config), states_bytes), audio=True)
+    return stage_sizes(release_tensors(config), states_bytes)
 
 
 def _orpheus(size: str, root: Path, cuda: bool) -> FamilyRun:
     from pipeline.families.orpheus.build import build_orpheus
     from pipeline.families.orpheus.real_size import SNAC_DIR, TALKER, stage_sizes
     from pipeline.families.orpheus.real_size import write_dummy_checkpoint as write_checkpoint
-    from pipeline.families.tiny import build_tiny
 
+    # The family's Thinker is qwen25_omni's at the same size (its LM and audio tower; no
+    # hidden-state model: the Orpheus Talker reads text).
+    thinker = _omni_built(size, root)["thinker"]
+    thinker = {part: row for part, row in thinker.items() if "states" not in part}
     if size == "real":
         checkpoint = root / "orpheus-checkpoint"
         if not (checkpoint / SNAC_DIR / "config.json").is_file():
             write_checkpoint(checkpoint)
-        build_tiny(root, progress=False)  # the family's Thinker is the tiny family's
     else:
         checkpoint = build_orpheus(root, progress=False)
     settings = _settings("orpheus", root, cuda)
@@ -100,8 +108,10 @@ def _orpheus(size: str, root: Path, cuda: bool) -> FamilyRun:
     stages["talker"]["model_dir"] = str(checkpoint / TALKER)
     stages["voicebox"]["model_dir"] = str(checkpoint / SNAC_DIR)
     if cuda:
+        stages["thinker"]["states_dtype"] = "bfloat16"  # its embedding table
         stages["voicebox"]["device"] = "cuda"
-    return FamilyRun("orpheus", settings, stage_sizes(checkpoint), audio=False)
+    return FamilyRun("orpheus", settings, {"thinker": thinker, **stage_sizes(checkpoint)},
+                     audio=True)
 
 
 def _settings(family: str, root: Path, cuda: bool) -> dict[str, Any]:
@@ -116,10 +126,8 @@ def _settings(family: str, root: Path, cuda: bool) -> dict[str, Any]:
         engine = stages[stage].setdefault("engine", {})
         if cuda:
             engine.pop("cpu_cores", None)
-            engine["kv_cache_memory_bytes"] = KV_CACHE.get((family, stage), GIB)
+            engine["kv_cache_memory_bytes"] = KV_CACHE[(family, stage)]
             engine["gpu_memory_utilization"] = GPU_FRACTION[(family, stage)]
-            if (family, stage) in KV_CACHE:  # the orpheus Thinker is the tiny family's
-                engine |= GPU_ENGINE
-        if (family, stage) in KV_CACHE or not cuda:
-            engine["load_format"] = "dummy"
+            engine |= GPU_ENGINE
+        engine["load_format"] = "dummy"
     return fields

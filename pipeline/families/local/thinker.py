@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,22 +66,30 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
 
     name = "thinker"
 
+    # Worked examples put before the conversation unless the profile gives its own.
+    default_examples: tuple[tuple[str, str], ...] = DEFAULT_EXAMPLES
+
+    def model_dirs(self, ctx: StageContext) -> tuple[Path, Path]:
+        """(recognizer, chat model) directories: the built family's."""
+        root = family_dir(ctx)
+        return root / ASR_DIR, root / LLM_DIR
+
     async def start(self, ctx: StageContext) -> None:
         self.ctx = ctx
-        root = family_dir(ctx)
+        asr_dir, llm_dir = self.model_dirs(ctx)
         self.hearing = WorkThread("asr")
         self.prompting = WorkThread("prompt")
         engine = EngineSettings.from_mapping(
-            {**ENGINE_DEFAULTS, **ctx.settings.get("engine", {}), "model": str(root / LLM_DIR)})
+            {**ENGINE_DEFAULTS, **ctx.settings.get("engine", {}), "model": str(llm_dir)})
         recognizer = RecognizerSettings(**ctx.settings.get("asr", {}))
         self.recognizer, self.engine = await asyncio.gather(
-            self.hearing.run(SpeechRecognizer, root / ASR_DIR, recognizer),
+            self.hearing.run(SpeechRecognizer, asr_dir, recognizer),
             VllmEngine.start(engine))
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.settings.max_model_len
         self.system_prompt = str(ctx.settings.get("system_prompt", DEFAULT_SYSTEM_PROMPT))
         self.examples = [{"role": role, "content": str(text)}
-                         for pair in ctx.settings.get("examples", DEFAULT_EXAMPLES)
+                         for pair in ctx.settings.get("examples", self.default_examples)
                          for role, text in zip(("user", "assistant"), pair, strict=True)]
         self.preparing: set[str] = set()  # requests not yet in the engine (hearing, prompting)
         self.aborted: set[str] = set()  # of those, the ones aborted meanwhile

@@ -6,8 +6,10 @@ the real control ids), snac/ (SNAC with the 24 kHz framing and small widths, ran
 and manifest.json. A real checkpoint has the same layout (release.py) and is read where it
 lies: the manifest's "release" names it, and the stages load it with the same code.
 
-The Thinker is not Orpheus's: until a chat-model Thinker is wired in, the family reuses the
-tiny family's Thinker, so building orpheus builds the tiny family too.
+The Thinker is not Orpheus's (thinker.py): by default it is the qwen25_omni family's, so
+building the tiny orpheus family builds the tiny qwen25_omni family beside it. A real
+checkpoint's thinker/ that is a Qwen2.5-Omni release has the qwen25_omni parts derived from it
+there; one that is a chat model is served as it lies, nothing built.
 """
 
 from __future__ import annotations
@@ -29,9 +31,16 @@ from pipeline.families.build_support import (
 )
 from pipeline.families.orpheus import prompt
 from pipeline.families.orpheus.codes import AUDIO_IDS
-from pipeline.families.orpheus.release import SNAC, TALKER, check_release
+from pipeline.families.orpheus.release import (
+    OMNI_THINKER,
+    SNAC,
+    TALKER,
+    THINKER,
+    check_release,
+    thinker_kind,
+)
 from pipeline.families.orpheus.snac_decoder import SNAC_24KHZ, write_snac
-from pipeline.families.tiny import build_tiny
+from pipeline.families.qwen25_omni import build_qwen25_omni
 from pipeline.families.tiny.tokenizer import train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -49,12 +58,17 @@ TINY_SNAC = {**SNAC_24KHZ, "encoder_dim": 8, "decoder_dim": 64}  # 24 kHz framin
 def build_orpheus(models_dir: Path, progress: bool = True, seed: int = SEED,
                   release: Path | None = None) -> Path:
     """Build (or find already built) the orpheus family under `models_dir`; its directory.
-    The tiny family (whose Thinker this family serves) is built too. `release`: a real
-    checkpoint (release.py), checked, then recorded in the manifest and read where it lies."""
-    build_tiny(models_dir, progress=progress)
-    if release is not None:
+    The qwen25_omni family, whose Thinker this family serves, is built too (tiny, or from the
+    checkpoint's thinker/ when that is a Qwen2.5-Omni release). `release`: a real checkpoint
+    (release.py), checked, then recorded in the manifest and read where it lies."""
+    if release is None:
+        build_qwen25_omni(models_dir, progress=progress)
+    else:
         release = Path(release).resolve()
         check_release(release)
+        thinker = (release / THINKER).resolve()
+        if thinker_kind(thinker) == OMNI_THINKER:
+            build_qwen25_omni(models_dir, progress=progress, release=thinker)
         fields = {"family": FAMILY, "recipe": RECIPE, "seed": None, "release": str(release)}
         return build_once(models_dir, FAMILY, lambda target: manifest_matches(target, fields),
                           lambda staging: _write_release_manifest(staging, fields))

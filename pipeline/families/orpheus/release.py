@@ -1,6 +1,8 @@
 """A real Orpheus checkpoint as the `orpheus` profile serves it: one directory holding talker/
-(an Orpheus release, e.g. canopylabs/orpheus-3b-0.1-ft) and snac/ (hubertsiuzdak/snac_24khz),
-read where it lies; checked before any engine loads it."""
+(an Orpheus release, e.g. canopylabs/orpheus-3b-0.1-ft), snac/ (hubertsiuzdak/snac_24khz) and
+thinker/ (a Qwen2.5-Omni release, which hears the caller itself, or any vLLM chat model
+directory, the caller then heard by the recognizer; a symlink to one is fine), read where it
+lies; checked before any engine loads it."""
 
 from __future__ import annotations
 
@@ -8,12 +10,18 @@ import json
 from pathlib import Path
 
 from pipeline.families.orpheus.codes import AUDIO_IDS
+from pipeline.families.qwen25_omni import release as omni_release
 
 TALKER = "talker"
 SNAC = "snac"
+THINKER = "thinker"
 SNAC_RATE = 24_000
-LAYOUT = ("it holds talker/ (an Orpheus release, e.g. canopylabs/orpheus-3b-0.1-ft) and snac/ "
-          "(hubertsiuzdak/snac_24khz)")
+LAYOUT = ("it holds talker/ (an Orpheus release, e.g. canopylabs/orpheus-3b-0.1-ft), snac/ "
+          "(hubertsiuzdak/snac_24khz) and thinker/ (a Qwen2.5-Omni release or any vLLM chat "
+          "model directory; a symlink to one is fine)")
+OMNI_THINKER = "qwen25_omni"  # a Qwen2.5-Omni release: its thinker hears the caller's audio
+CHAT_THINKER = "chat"  # a text chat model: the recognizer hears the caller first
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 def check_release(directory: Path) -> None:
@@ -23,7 +31,7 @@ def check_release(directory: Path) -> None:
     if not directory.is_dir():
         raise FileNotFoundError(f"no Orpheus checkpoint at {directory}: the directory is "
                                 f"absent ({LAYOUT})")
-    for part in (TALKER, SNAC):
+    for part in (TALKER, SNAC, THINKER):
         if not (directory / part / "config.json").is_file():
             raise FileNotFoundError(f"the Orpheus checkpoint at {directory} lacks "
                                     f"{part}/config.json ({LAYOUT})")
@@ -32,6 +40,35 @@ def check_release(directory: Path) -> None:
     if rate != SNAC_RATE:
         raise ValueError(f"{directory / SNAC} is not SNAC 24 kHz: its config.json has "
                          f"sampling_rate {rate!r}")
+    thinker_kind(directory / THINKER)
+
+
+def thinker_kind(directory: Path) -> str:
+    """OMNI_THINKER or CHAT_THINKER: what `directory` (with a config.json) serves as the
+    Thinker; a clear error naming what a Qwen2.5-Omni release or a chat model lacks."""
+    config = json.loads((directory / "config.json").read_text())
+    if config.get("model_type") == omni_release.MODEL_TYPE:
+        omni_release.check_release(directory)
+        return OMNI_THINKER
+    missing = [what for what, found in (
+        ("its architectures in config.json", bool(config.get("architectures"))),
+        ("weights (*.safetensors or *.bin)", any(directory.glob("*.safetensors"))
+         or any(directory.glob("*.bin"))),
+        ("tokenizer_config.json", (directory / "tokenizer_config.json").is_file()),
+        ("a chat template", _has_chat_template(directory))) if not found]
+    if missing:
+        raise ValueError(f"the Thinker at {directory} is neither a Qwen2.5-Omni release nor a "
+                         f"vLLM chat model directory: it lacks {', '.join(missing)}")
+    return CHAT_THINKER
+
+
+def _has_chat_template(directory: Path) -> bool:
+    """Whether the tokenizer renders chats: a template in tokenizer_config.json or its own file."""
+    if any((directory / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return True
+    tokenizer_config = directory / "tokenizer_config.json"
+    return tokenizer_config.is_file() and bool(
+        json.loads(tokenizer_config.read_text()).get("chat_template"))
 
 
 def check_talker(directory: Path) -> Path:

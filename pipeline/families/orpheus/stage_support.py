@@ -20,11 +20,17 @@ TALKER_ENGINE = {"enable_prompt_embeds": False, "skip_tokenizer_init": True,
                  "max_model_len": 2048}  # token prompts; the stage tokenizes itself
 
 
+def release_dir(ctx: StageContext) -> Path | None:
+    """The real checkpoint the build recorded (`--model-path`); None: the tiny build."""
+    built = Path(ctx.models_dir) / FAMILY_DIR
+    release = read_manifest(built).get("release") if (built / MANIFEST).is_file() else None
+    return None if release is None else Path(release)
+
+
 def model_dir(ctx: StageContext, part: str) -> Path:
     """The stage's model directory; a clear error if it holds no config.json."""
     built = Path(ctx.models_dir) / FAMILY_DIR
-    release = read_manifest(built).get("release") if (built / MANIFEST).is_file() else None
-    directory = Path(ctx.settings.get("model_dir") or Path(release or built) / part)
+    directory = Path(ctx.settings.get("model_dir") or (release_dir(ctx) or built) / part)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(
             f"no {part} model at {directory}: run `omnivox models build orpheus-tiny`, serve "

@@ -37,7 +37,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from pipeline.engines.vllm import (
 )
 from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.qwen25_omni.build import THINKER_LM, built_family, release_dir
+from pipeline.families.qwen25_omni.thinker_lm import read_embed_table
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt, ThinkerPromptBuilder
 from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
 from pipeline.families.recite import recited_pieces
@@ -63,18 +64,26 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
     """Thinker on a Qwen2.5-Omni release: audio tower in torch, LM on vLLM."""
 
     name = "thinker"
+    # False: a Talker that speaks from text (orpheus): no hidden states are computed or sent,
+    # and the worker holds only the LM's embedding table beside vLLM.
+    talker_rows: ClassVar[bool] = True
 
     async def start(self, ctx: StageContext) -> None:
         self.ctx = ctx
         family = built_family(ctx.models_dir)
         self.torch = TorchThread(self.name)
         self.engine = await VllmEngine.start(engine_settings(ctx, family / THINKER_LM))
-        self.states = await self.torch.run(
-            ThinkerStates.load, family / THINKER_LM,
-            str(ctx.settings.get("states_device", "cpu")),
-            getattr(torch, str(ctx.settings.get("states_dtype", "float32"))))
+        dtype = getattr(torch, str(ctx.settings.get("states_dtype", "float32")))
+        self.states: ThinkerStates | None = None
+        if self.talker_rows:
+            self.states = await self.torch.run(
+                ThinkerStates.load, family / THINKER_LM,
+                str(ctx.settings.get("states_device", "cpu")), dtype)
+            table = self.states.embed_table
+        else:  # no hidden states to compute: the embedding table alone, not the whole LM
+            table = await self.torch.run(read_embed_table, family / THINKER_LM, dtype)
         self.prompts = await self.torch.run(ThinkerPromptBuilder.load, release_dir(family),
-                                            self.engine.tokenizer, self.states.embed_table)
+                                            self.engine.tokenizer, table)
         self.max_model_len = self.engine.settings.max_model_len
         # Random weights never choose EOS on purpose: `ignore_eos` keeps a test's length exact.
         self.sampling = Sampling(max_tokens=1,
@@ -89,7 +98,9 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
             budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
             replies = self.engine.generate(job.request_id, prompt.embeds,
                                            self._sampling(job, budget))
-        rows = TalkerRows(self.torch, self.states, prompt) if job.embeds else None
+        rows = None
+        if job.embeds and self.states is not None:
+            rows = TalkerRows(self.torch, self.states, prompt)
         try:
             async with aclosing(replies):
                 async for delta in replies:

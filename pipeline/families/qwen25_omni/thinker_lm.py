@@ -10,10 +10,13 @@ release's tokenizer files. The same code converts tiny and real releases.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, Qwen2_5OmniConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -26,6 +29,7 @@ from pipeline.families.qwen25_omni.release import (
 )
 
 PREFIXES = ("thinker.model.", "thinker.lm_head.")
+EMBED_TABLE = "model.embed_tokens.weight"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "chat_template.json", "special_tokens_map.json", "added_tokens.json")
 
@@ -85,3 +89,14 @@ def _write_weights(release: Path, directory: Path) -> None:
             weight_map |= dict.fromkeys(tensors, out_name)
     if len(shards) > 1:
         write_json(directory / WEIGHTS_INDEX, {"metadata": {}, "weight_map": weight_map})
+
+
+def read_embed_table(directory: Path, dtype: torch.dtype) -> torch.Tensor:
+    """The LM's (vocab, hidden) input embedding alone, read from its shard (a Thinker whose
+    Talker reads no hidden states embeds its prompts with it and needs nothing else)."""
+    index = Path(directory) / WEIGHTS_INDEX
+    shard = (json.loads(index.read_text())["weight_map"][EMBED_TABLE] if index.is_file()
+             else "model.safetensors")
+    with safe_open(Path(directory) / shard, "pt") as weights:
+        table: torch.Tensor = weights.get_tensor(EMBED_TABLE)
+    return table.to(dtype)
