@@ -67,9 +67,11 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The long runs: the load test at 32 calls for ten minutes (make test runs 16 for two).
+# The long runs: the load test at 32 calls for ten minutes (make test runs 16 for two), and
+# the kiosk page through ten minutes of questions with a server restart halfway.
 soak: setup
 	OMNIVOX_LOAD_CALLS=32 OMNIVOX_LOAD_DURATION_S=600 $(BIN)/python -m pytest -s tests/test_load.py
+	OMNIVOX_KIOSK_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_kiosk.py
 
 clean:
 	rm -rf $(VENV) models data

@@ -7,8 +7,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from playwright.async_api import BrowserContext, Page, async_playwright
+
+from tests.audio_fixtures import write_wav
 
 CHROMIUM = Path("/usr/bin/chromium")
 TIMEOUT_MS = 20_000
@@ -53,6 +56,15 @@ async def chromium(profile_dir: Path, fake_mic: Path) -> AsyncIterator[BrowserCo
             yield context
         finally:
             await context.close()
+
+
+@contextlib.asynccontextmanager
+async def scripted_chromium(folder: Path) -> AsyncIterator[BrowserContext]:
+    """Chromium for pages whose microphone the test's init script replaces (a fake capture of
+    silence that no page hears), its profile and files under `folder`."""
+    unused = write_wav(folder / "silence.wav", np.zeros(4_800, np.int16), 48_000)
+    async with chromium(folder / "profile", unused) as context:
+        yield context
 
 
 def page_errors(page: Page) -> list[str]:

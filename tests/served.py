@@ -18,9 +18,10 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: FastAPI) -> AsyncIterator[Served]:
-    """Run uvicorn (lifespan included) on 127.0.0.1 and an ephemeral port until the block ends."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+async def serve(app: FastAPI, port: int = 0) -> AsyncIterator[Served]:
+    """Run uvicorn (lifespan included) on 127.0.0.1 and `port` (an ephemeral one unless told)
+    until the block ends."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from playwright.async_api import BrowserContext, expect
 
-from tests.audio_fixtures import read_wav, speech_wav, write_wav
-from tests.chromium import TIMEOUT_MS, chromium, omnivox, page_errors
+from tests.audio_fixtures import read_wav, speech_wav
+from tests.chromium import TIMEOUT_MS, omnivox, page_errors, scripted_chromium
 from tests.product_calls import SERVER_EVENT
 from tests.served import Served
 
@@ -121,9 +121,7 @@ def utterances(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray
 
 @pytest.fixture(scope="module")
 async def browser(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[BrowserContext]:
-    folder = tmp_path_factory.mktemp("chromium")
-    unused = write_wav(folder / "silence.wav", np.zeros(4_800, np.int16), 48_000)  # the test's
-    async with chromium(folder / "profile", unused) as context:  # microphone replaces it
+    async with scripted_chromium(tmp_path_factory.mktemp("chromium")) as context:
         yield context
 
 

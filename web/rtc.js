@@ -12,10 +12,11 @@ const HANG_UP_TIMEOUT_MS = 3000;
 
 /** A refused or failed request, with the server's error code when it sent one. */
 export class CallError extends Error {
-  constructor(message, code = "call_failed", status = 0) {
+  constructor(message, code = "call_failed", status = 0, retryAfterS = null) {
     super(message);
     this.code = code;
     this.status = status;
+    this.retryAfterS = retryAfterS; // the server's Retry-After, when it sent one
   }
 }
 
@@ -27,11 +28,13 @@ export class CallError extends Error {
  *   onRemoteStream(stream)    the agent's audio stream
  *   onEnded(reason)           the call is over (hang-up, server close or failure); called once
  * `clientSecret` (optional): the Bearer token for the server's signalling requests.
+ * `offerHeaders` (optional): more headers for the offer, e.g. a dropped call's resume token.
  */
 export class RealtimeCall {
-  constructor(callbacks = {}, clientSecret = null) {
+  constructor(callbacks = {}, clientSecret = null, offerHeaders = {}) {
     this.callbacks = callbacks;
     this.auth = clientSecret ? { Authorization: `Bearer ${clientSecret}` } : {};
+    this.offerHeaders = offerHeaders;
     this.pc = null;
     this.channel = null;
     this.localStream = null;
@@ -64,7 +67,7 @@ export class RealtimeCall {
     if (this.ended) return;
     const reply = await fetch(CALLS_URL, {
       method: "POST",
-      headers: { "Content-Type": "application/sdp", ...this.auth },
+      headers: { "Content-Type": "application/sdp", ...this.offerHeaders, ...this.auth },
       body: pc.localDescription.sdp,
     });
     if (reply.status !== 201) throw await errorFrom(reply);
@@ -108,6 +111,12 @@ export class RealtimeCall {
         signal: AbortSignal.timeout(HANG_UP_TIMEOUT_MS),
       }).catch(() => {});
     }
+    this._end(reason);
+  }
+
+  /** Give the call up here without telling the server (its connection is gone): the server
+   * keeps the conversation for a while, for a new call to resume. */
+  abandon(reason = "connection lost") {
     this._end(reason);
   }
 
@@ -202,5 +211,6 @@ async function errorFrom(reply) {
   } catch {
     // not JSON: keep the status line
   }
-  return new CallError(message, code, reply.status);
+  const retryAfter = Number.parseFloat(reply.headers.get("Retry-After"));
+  return new CallError(message, code, reply.status, Number.isFinite(retryAfter) ? retryAfter : null);
 }
