@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from agent.calls.call import Call
-from media.vad import SpeechStarted, SpeechStopped
+from media.vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from tests.audio_fixtures import tone
 
 TONE_HZ = 440.0
@@ -32,6 +32,12 @@ class ToneResponder:
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def on_speech_paused(self, event: SpeechPaused) -> None:
+        pass
+
+    def on_speech_resumed(self, event: SpeechResumed) -> None:
+        pass
 
     def on_client_event(self, event: Any) -> None:
         self.client_events.append(event)

@@ -32,7 +32,7 @@ from agent.realtime.server_events import (
 )
 from agent.realtime.transport import AudioOut
 from media.audio_format import FRAME_MS
-from media.vad import SpeechStarted, SpeechStopped, VadSegmenter
+from media.vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, VadSegmenter
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ class CallHandler(Protocol):
     def on_speech_started(self, event: SpeechStarted, item_id: str) -> None: ...
 
     def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None: ...
+
+    def on_speech_paused(self, event: SpeechPaused) -> None: ...
+
+    def on_speech_resumed(self, event: SpeechResumed) -> None: ...
 
     def on_client_event(self, event: Any) -> None: ...
 
@@ -141,7 +145,10 @@ class CallBase:
         if events or self.vad.in_speech or self.outbound.playing:
             self._last_activity = time.monotonic()
         for event in events:
-            if isinstance(event, SpeechStarted):
+            if isinstance(event, SpeechPaused | SpeechResumed):
+                if self.handler:  # no client event: OpenAI's protocol has none
+                    self._pause_or_resume(event)
+            elif isinstance(event, SpeechStarted):
                 self._speech_item = new_id("item")
                 self.send_event(speech_started(self._speech_item, event.audio_start_ms))
                 if self.handler:
@@ -155,6 +162,13 @@ class CallBase:
                 self.send_event(speech_stopped(item_id, event.audio_end_ms))
                 if self.handler:
                     self.handler.on_speech_stopped(event, item_id)
+
+    def _pause_or_resume(self, event: SpeechPaused | SpeechResumed) -> None:
+        assert self.handler is not None
+        if isinstance(event, SpeechPaused):
+            self.handler.on_speech_paused(event)
+        else:
+            self.handler.on_speech_resumed(event)
 
     def take_input(self) -> np.ndarray | None:
         """The caller's audio since the last commit or clear (server VAD off), then none."""

@@ -42,6 +42,7 @@ REFUSALS = ("not_ready", "too_many_calls", "negotiation_timeout")
 DROPS = ("connect_timeout", "connection_failed")
 CANCELS = ("turn_detected", "client_cancelled")  # barge-in; response.cancel or a client cut
 MODEL_ENDPOINTS = ("chat_completions", "speech", "transcriptions")
+PREEMPTIVE = ("started", "used", "discarded")
 
 
 class Metrics:
@@ -96,6 +97,12 @@ class Metrics:
             self.stage_latency.labels(stage)
         for endpoint in MODEL_ENDPOINTS:
             self.model_answer_latency.labels(endpoint)
+        self.preemptive_replies = Counter(
+            "omnivox_preemptive_replies", "Replies started at a pause of the caller's, before "
+            "the turn ended: then used (the pause ended the turn) or discarded (the caller went "
+            "on)", ["outcome"], registry=r)
+        for outcome in PREEMPTIVE:
+            self.preemptive_replies.labels(outcome)
 
     def track(self, active_calls: Callable[[], int], pipeline: Any | None) -> None:
         """Read the live call count and (when there is one) the pipeline's state at scrape

@@ -18,6 +18,7 @@ from agent.realtime.client_events import ClientEvents
 from agent.realtime.function_calls import SessionTools
 from agent.realtime.history import Conversation
 from agent.realtime.playback import Playback
+from agent.realtime.preemptive import PreemptiveReply
 from agent.realtime.reply import Reply, State, done_events
 from agent.realtime.server_events import (
     assistant_item,
@@ -36,7 +37,7 @@ from agent.realtime.server_events import (
 from agent.realtime.session_config import SavedConversation, SessionConfig
 from agent.realtime.tool_answers import answered, merged_usage
 from agent.realtime.transport import AudioOutEnded, CallTransport
-from media.vad import SpeechStarted, SpeechStopped
+from media.vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Session:
         self.reply: Reply | None = None
         self._last_reply: Reply | None = None
         self._barge_in_watch: asyncio.Task[None] | None = None
+        self._preemptive: PreemptiveReply | None = None  # started at the caller's pause
         self._turns = 0
         # The caller's committed utterances that no reply has heard yet (audio, not history).
         self._unanswered: deque[tuple[str, np.ndarray]] = deque(maxlen=UNANSWERED_MAX)
@@ -132,6 +134,7 @@ class Session:
         return None
 
     def on_speech_started(self, event: SpeechStarted, item_id: str) -> None:
+        self._discard_preemptive()  # a new utterance: what began at a pause is not its reply
         reply = self.audible_reply()
         if reply is None or not self.settings.barge_in:
             return
@@ -160,6 +163,34 @@ class Session:
             )
             return
         self.commit(item_id, event.pcm)
+        self._discard_preemptive()  # not taken by the reply the commit started (if any)
+
+    def on_speech_paused(self, event: SpeechPaused) -> None:
+        """The caller paused: when a reply would start on this utterance if the pause turned
+        out to end it, start its turn now and hold what it makes until the turn is confirmed."""
+        if (self._preemptive is not None or self.audible_reply() is not None
+                or self._unanswered or not (self.settings.create_response
+                                            and self.settings.server_vad)):
+            return
+        self._turns += 1
+        turn_id = f"{self.call.id}-turn{self._turns}"
+        turn = self._turn(turn_id, event.pcm, self.settings.text_only, self.tools)
+        with log_context(turn_id=turn_id):
+            self._preemptive = PreemptiveReply(self.pipeline, turn)
+        self.call.metrics.preemptive_replies.labels("started").inc()
+        log.debug("call %s: preemptive turn %s at a %d ms pause", self.call.id, turn_id,
+                  self.call.vad.config.pause_ms)
+
+    def on_speech_resumed(self, event: SpeechResumed) -> None:
+        """The caller went on after a pause: the turn started there is not wanted."""
+        self._discard_preemptive()
+
+    def _discard_preemptive(self) -> None:
+        preemptive, self._preemptive = self._preemptive, None
+        if preemptive is not None:
+            self.call.metrics.preemptive_replies.labels("discarded").inc()
+            with log_context(turn_id=preemptive.turn.turn_id):
+                self.call.spawn(preemptive.discard())
 
     def commit(self, item_id: str, pcm: np.ndarray) -> None:
         """The caller's utterance `pcm` (16 kHz) becomes a conversation item, answered now
@@ -217,37 +248,52 @@ class Session:
         says). With functions to call (the session's `tools`, or this response's), the Thinker
         answers in JSON first (tool_answers.py)."""
         audio, user_item_id = self._take_unanswered()
+        text_only = self.settings.text_only if text_only is None else text_only
+        tools = self.tools if tools is None else tools
         self._turns += 1
+        turn = self._turn(f"{self.call.id}-turn{self._turns}", audio, text_only, tools)
+        preemptive, self._preemptive = self._preemptive, None
+        if preemptive is not None and preemptive.serves(turn):
+            turn = preemptive.turn  # already under way since the caller's pause
+            self.call.metrics.preemptive_replies.labels("used").inc()
+        elif preemptive is not None:
+            self._preemptive = preemptive  # the caller's next words or the close discard it
+            self._discard_preemptive()
+            preemptive = None
         reply = Reply(
             response_id=new_id("resp"),
             item_id=new_id("item"),
-            turn_id=f"{self.call.id}-turn{self._turns}",
+            turn_id=turn.turn_id,
             user_item_id=user_item_id,
-            text_only=self.settings.text_only if text_only is None else text_only,
+            text_only=text_only,
             started_at=asyncio.get_running_loop().time(),
+            answers_in_json=turn.response_format is not None,
         )
         self.reply = reply
         self.state = State.THINKING
-        tools = self.tools if tools is None else tools
-        answer_format = tools.answer_format()
-        messages = self.conversation.messages()
-        reply.answers_in_json = answer_format is not None
-        turn = Turn(
-            turn_id=reply.turn_id,
-            call_id=self.call.id,
-            messages=tools.thinker_messages(messages) if reply.answers_in_json else messages,
-            audio=audio,
-            max_tokens=self.settings.max_reply_tokens,
-            voice=self.settings.voice,
-            response_format=answer_format,
-            speak=not reply.text_only and not reply.answers_in_json,
-        )
         self.call.send_event(response_created(reply.response_id, reply.text_only))
         if not reply.answers_in_json:
             self.announce(reply)
         with log_context(turn_id=reply.turn_id):  # the reply's tasks log as its turn's
-            reply.task = asyncio.ensure_future(self._run(reply, turn))
+            reply.task = asyncio.ensure_future(self._run(reply, turn, preemptive))
         return reply
+
+    def _turn(self, turn_id: str, audio: np.ndarray | None, text_only: bool,
+              tools: SessionTools) -> Turn:
+        """The pipeline turn that answers the conversation so far (and `audio`) now."""
+        answer_format = tools.answer_format()
+        messages = self.conversation.messages()
+        in_json = answer_format is not None
+        return Turn(
+            turn_id=turn_id,
+            call_id=self.call.id,
+            messages=tools.thinker_messages(messages) if in_json else messages,
+            audio=audio,
+            max_tokens=self.settings.max_reply_tokens,
+            voice=self.settings.voice,
+            response_format=answer_format,
+            speak=not text_only and not in_json,
+        )
 
     def announce(self, reply: Reply) -> None:
         """The reply's message item joins the history and goes to the client, empty."""
@@ -267,12 +313,18 @@ class Session:
             return items[0][1], items[0][0]
         return np.concatenate([pcm for _, pcm in items]), items[-1][0]
 
-    async def _run(self, reply: Reply, turn: Turn) -> None:
-        """Run the reply's turn, and the follow-up that voices an answer read from JSON."""
+    async def _run(self, reply: Reply, turn: Turn,
+                   preemptive: PreemptiveReply | None = None) -> None:
+        """Run the reply's turn (or read on the one its preemptive start has under way), and
+        the follow-up that voices an answer read from JSON."""
+        held = preemptive
         try:
             next_turn: Turn | None = turn
             while next_turn is not None:
-                async for event in self.pipeline.respond(next_turn):
+                events = (preemptive.events() if preemptive is not None
+                          else self.pipeline.respond(next_turn))
+                preemptive = None
+                async for event in events:
                     if self.reply is not reply:
                         return
                     await self._on_pipeline_event(reply, event)
@@ -287,6 +339,9 @@ class Session:
         except Exception as exc:  # the pipeline's own failures arrive as TurnFailed
             log.exception("call %s: reply %s broke", self.call.id, reply.response_id)
             self.finish(reply, "failed", error=str(exc))
+        finally:
+            if held is not None:  # a cancelled reply's pump must not wait on a full queue
+                held.stop()
 
     async def _end_call_without_track(self) -> None:
         """End the call if its own close does not come soon: audio that stopped for any other
@@ -401,6 +456,9 @@ class Session:
     async def aclose(self) -> None:
         if self._barge_in_watch is not None:
             self._barge_in_watch.cancel()
+        if self._preemptive is not None:
+            preemptive, self._preemptive = self._preemptive, None
+            await preemptive.discard()
         if self.reply is not None:
             reply, self.reply = self.reply, None
             self.call.metrics.turn_ended("cancelled", None)  # the call hung up mid-reply
