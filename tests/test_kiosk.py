@@ -2,7 +2,8 @@
 it connects by itself on load with no click, answers a spoken question with live captions and
 a visible state, and when the server is restarted under it, it shows that it is reconnecting,
 comes back by itself (a fresh conversation: the new server holds none to resume) and answers
-the next question.
+the next question. Before that, the call's connection is cut under the page: it resumes the
+conversation with the token from its session.created.
 
 The server is an API app on the shared tiny server's pipeline (no engine start), stopped and
 started again on the same port. `make soak` runs it for ten minutes of conversation
@@ -119,7 +120,21 @@ async def test_kiosk_comes_back_by_itself_after_a_server_restart(
         await page.screenshot(path=str(SCREENSHOT))
         assert await page.locator("#transcript li.agent").count() >= 1
         assert await page.locator("#transcript li.caller").count() >= 1
-        assert await omnivox(page, "o.calls") == 1
+        assert await omnivox(page, "o.calls") == 1  # the page placed its first call alone
+
+        # The connection is cut under the page (the server's end of it closes): the page
+        # comes back with its resume token and goes on with the same conversation.
+        dropped = next(iter(a.app.state.calls))
+        history = [item.item_id for item in dropped.handler.conversation.items]
+        cut_at = time.monotonic()
+        await dropped.pc.close()
+        await page.wait_for_function("window.omnivox.resumed === 1", timeout=RECONNECT_TIMEOUT_MS)
+        resume_s = time.monotonic() - cut_at
+        resumed = next(iter(a.app.state.calls))
+        assert resumed.id != dropped.id
+        assert [i.item_id for i in resumed.handler.conversation.items][:len(history)] == history
+        before.append(await ask(page))
+        assert len(resumed.handler.conversation.items) > len(history)
 
     # The server is gone: the page says so, and tries again while it is down.
     await page.wait_for_function("window.omnivox.phase === 'reconnecting'", timeout=TIMEOUT_MS)
@@ -138,10 +153,11 @@ async def test_kiosk_comes_back_by_itself_after_a_server_restart(
 
     print(f"\nkiosk: {len(before)} + {len(after)} questions answered in "
           f"{time.monotonic() - began:.0f} s; reply done after (s) median "
-          f"{float(np.median(before + after)):.1f}, max {max(before + after):.1f}; back "
+          f"{float(np.median(before + after)):.1f}, max {max(before + after):.1f}; resumed "
+          f"{resume_s:.1f} s after the cut; back "
           f"{back_s:.1f} s after the server went down ({DOWN_S:.0f} s down); {stats}")
     # A fresh conversation on the new server: the old one's resume was refused there.
-    assert stats["calls"] >= 2 and stats["conversations"] == 2 and stats["resumed"] == 0
+    assert stats["calls"] >= 3 and stats["conversations"] == 2 and stats["resumed"] == 1
     assert stats["lastError"]["code"] == "resume_expired", stats
     # Refused connections and the 410 while the server was down are the browser's own logs.
     assert [e for e in errors if "Failed to load resource" not in e] == [], errors
