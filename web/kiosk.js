@@ -19,6 +19,8 @@ const CAPTION_LINES = 6;
 const TICK_MS = 100;
 const MAX_DIAGNOSTIC_EVENTS = 300;
 const RESET = "reset"; // the reason a call is hung up after the silence
+// getUserMedia's refusals: said on the screen (README, Kiosk: the browser's flags), retried.
+const MICROPHONE_ERRORS = ["NotAllowedError", "NotFoundError", "NotReadableError"];
 const PHASES = {
   connecting: "Connecting…",
   reconnecting: "Reconnecting…",
@@ -207,6 +209,7 @@ async function run() {
         startOver(); // the server no longer holds the conversation: a new one, at once
         continue;
       }
+      if (MICROPHONE_ERRORS.includes(error.name)) showHint(`No microphone: ${error.message}`);
       wait = backoff.next(error.retryAfterS);
     }
     current = null;
@@ -218,10 +221,12 @@ async function run() {
 function playAgent(stream) {
   // Chromium plays (and analyses) a remote stream only through a media element.
   view.remoteAudio.srcObject = stream;
-  view.remoteAudio.play().then(hideHint, () => {
-    hint.textContent = "Touch the screen to turn the sound on";
-    hint.hidden = false;
-  });
+  view.remoteAudio.play().then(hideHint, () => showHint("Touch the screen to turn the sound on"));
+}
+
+function showHint(text) {
+  hint.textContent = text;
+  hint.hidden = false;
 }
 
 function hideHint() {
