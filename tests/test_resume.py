@@ -17,8 +17,12 @@ import pytest
 
 from agent.app import create_app
 from agent.calls.registry import CallRegistry
-from agent.config import Settings
+from agent.calls.resume import ResumeError, ResumeStore
+from agent.config import ConversationSettings, Settings
+from agent.realtime.history import Conversation
 from agent.realtime.session import Session
+from agent.realtime.session_config import SavedConversation, SessionConfig
+from media.vad import VadConfig
 from tests.product_calls import session_of, turn_detection, update_session, wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller, dead_peer_offer
 from tests.served import Served, serve
@@ -137,3 +141,17 @@ async def test_a_hung_up_call_is_not_kept(server: Served) -> None:
     await wait_until(lambda: len(registry(server)) == 0, 10, "the call ended")
     assert len(registry(server).resumes) == 0
     assert (await offer_with(server, token)).status_code == 410
+
+
+async def test_at_most_the_limit_is_parked_the_oldest_freed_first() -> None:
+    store = ResumeStore(grace_s=60, limit=2)
+    tokens = [store.issue(f"rtc_{n}") or "" for n in range(3)]
+    assert all(tokens)
+    for token in tokens:
+        store.ended(token, "connection_failed", SavedConversation(
+            Conversation("", 4), SessionConfig(ConversationSettings(), VadConfig())))
+    assert len(store) == 2
+    with pytest.raises(ResumeError):
+        store.take(tokens[0])
+    assert store.take(tokens[2]) is not None
+    assert ResumeStore(grace_s=0, limit=2).issue("rtc_x") is None  # off: no token at all
