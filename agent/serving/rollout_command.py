@@ -110,16 +110,20 @@ def _client(args: argparse.Namespace) -> httpx.Client:
 
 
 def _progress(state: dict[str, Any], seen: str) -> str:
-    """Print the rollout's state when it changed; what was printed."""
-    line = f"{state['phase']}"
-    if state["phase"] == "shifting":
-        line += f": {state['percent']}% of new calls to {state['target']}"
-    if state["canary"] and state["phase"] == "checking":
-        last = state["canary"][-1]
-        line += f": canary turn {last['turn']} spoke {last['audio_ms']} ms"
-    if line != seen:
-        print(f"omnivox: rollout {state['previous']} -> {state['target']}: {line}", flush=True)
-    return line
+    """Print what changed in the rollout's state (its phase, the share moved, each canary
+    turn); what has been printed, as a key."""
+    phase = state["phase"]
+    if phase == "shifting":
+        phase += f": {state['percent']}% of new calls to {state['target']}"
+    canary = [f"canary turn {turn['turn']} spoke {turn['audio_ms']} ms (first audio after "
+              f"{turn['first_audio_s']} s)" for turn in state["canary"]]
+    # In the order they happened, whichever poll saw them first.
+    lines = [phase, *canary] if state["phase"] in ("starting", "checking") else [*canary, phase]
+    for line in lines:
+        if line not in seen.split("\n"):
+            print(f"omnivox: rollout {state['previous']} -> {state['target']}: {line}",
+                  flush=True)
+    return "\n".join([*seen.split("\n"), *lines])
 
 
 def _refused(reply: httpx.Response) -> int:
