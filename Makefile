@@ -72,6 +72,7 @@ test: lint
 soak: setup
 	OMNIVOX_LOAD_CALLS=32 OMNIVOX_LOAD_DURATION_S=600 $(BIN)/python -m pytest -s tests/test_load.py
 	OMNIVOX_KIOSK_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_kiosk.py
+	OMNIVOX_ROLLOUT_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_model_rollout.py
 
 clean:
 	rm -rf $(VENV) models data

@@ -197,3 +197,38 @@ def _alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.skipif(not os.environ.get("OMNIVOX_ROLLOUT_SOAK_S"),
+                    reason="a soak: set OMNIVOX_ROLLOUT_SOAK_S (make soak)")
+async def test_red_black_rollouts_back_and_forth_under_churning_calls(server: Served) -> None:
+    """For OMNIVOX_ROLLOUT_SOAK_S seconds, six callers at a time talk three turns each and
+    hang up, new ones taking their place, while red-black rollouts go tiny@1 -> tiny@2 ->
+    tiny@1 ... in steps 10,50,100: every rollout done, every turn completed, no call dropped."""
+    until = asyncio.get_running_loop().time() + float(os.environ["OMNIVOX_ROLLOUT_SOAK_S"])
+    outcomes: list[str] = []
+    dropped = 0
+
+    async def churn() -> None:
+        nonlocal dropped
+        while asyncio.get_running_loop().time() < until:
+            caller = await connect(server.url)
+            for turn in (1, 2, 3):
+                outcomes.append((await talk(caller, turn))["status"])
+            dropped += bool(caller.of_type("error"))
+            await caller.hang_up()
+
+    async def roll() -> list[str]:
+        phases = []
+        target = "tiny@2"
+        while asyncio.get_running_loop().time() < until:
+            reply = await admin(server, "/v1/models/rollout", model=target, steps=[10, 50, 100],
+                                wait=True)
+            phases.append(f"{target}: {reply.json()['phase']} {reply.json()['reason'] or ''}")
+            target = "tiny@1" if target == "tiny@2" else "tiny@2"
+        return phases
+
+    *_, phases = await asyncio.gather(*(churn() for _ in range(6)), roll())
+    print(f"rollouts: {phases}; turns: {len(outcomes)}")
+    assert phases and all(p.startswith(("tiny@1: done", "tiny@2: done")) for p in phases)
+    assert outcomes.count("completed") == len(outcomes) and dropped == 0

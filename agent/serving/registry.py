@@ -63,14 +63,13 @@ class ModelRegistry:
         self._defaults: dict[str, str] = {}
         self._splits: dict[str, Split] = {}
         self._failure_listeners: list[Callable[[str, str], None]] = []
+        self._heard: set[int] = set()  # the pipelines the listeners are on (by id), once each
 
     def add(self, served: ServedVersion, *, default: bool = False) -> None:
         self._versions[served.id] = served
         if default or served.name not in self._defaults:
             self._defaults[served.name] = served.version
-        if hasattr(served.pipeline, "on_stage_failed"):
-            for listener in self._failure_listeners:
-                served.pipeline.on_stage_failed(listener)
+        self._listen(served.pipeline, self._failure_listeners)
 
     def remove(self, model_id: str) -> ServedVersion | None:
         return self._versions.pop(model_id, None)
@@ -136,6 +135,15 @@ class ModelRegistry:
         self._failure_listeners.append(listener)
         for served in self._versions.values():
             served.pipeline.on_stage_failed(listener)
+
+    def _listen(self, pipeline: Any, listeners: list[Callable[[str, str], None]]) -> None:
+        """Put the failure listeners on a pipeline new to the registry (one served again
+        after a retire has them already)."""
+        if id(pipeline) in self._heard or not hasattr(pipeline, "on_stage_failed"):
+            return
+        self._heard.add(id(pipeline))
+        for listener in listeners:
+            pipeline.on_stage_failed(listener)
 
     def __iter__(self) -> Iterator[ServedVersion]:
         return iter(self.versions())

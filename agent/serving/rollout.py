@@ -154,7 +154,8 @@ class Rollouts:
     async def _check(self, state: RolloutState, new: ServedVersion) -> None:
         """Readiness, then the canary turns: each must end with audible speech."""
         self._phase(state, Phase.CHECKING)
-        new.state = VersionState.CHECKING
+        if new.state != VersionState.SERVING:  # one already serving keeps its pinned callers
+            new.state = VersionState.CHECKING
         self._ready_or_fail(new)
         conversation = self.settings.conversation
         for n in range(state.canary_turns):
