@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from agent.config import Settings
 from agent.serving.binding import UnknownModelError, VersionBinding
 from agent.serving.registry import ModelRegistry, ServedVersion, VersionState
-from agent.serving.rollout import RolloutRefused, Rollouts
+from agent.serving.rollout import RolloutRefused, Rollouts, RolloutTimes
 from agent.serving.rollout_state import (
     Phase,
     RolloutState,
@@ -23,20 +25,29 @@ from agent.serving.rollout_state import (
     save,
     served_after_restart,
 )
-from pipeline.events import Turn, TurnDone
+from pipeline.events import AudioChunk, Turn, TurnDone
+from pipeline.supervisor import StageState, StageStatus
 
 
 class Stage:
-    """A stand-in pipeline: each turn waits for `go`, then is done; cancels are noted."""
+    """A stand-in pipeline, always ready: each turn waits for `go`, then says `pcm` (none by
+    default) and is done; cancels are noted."""
 
-    def __init__(self) -> None:
+    def __init__(self, pcm: np.ndarray | None = None) -> None:
         self.go = asyncio.Event()
+        self.pcm = pcm
         self.turns: list[str] = []
         self.cancelled: list[str] = []
+
+    def health(self) -> Any:
+        return SimpleNamespace(ready=True, stages={"voicebox": StageStatus("voicebox",
+                                                                          StageState.READY)})
 
     async def respond(self, turn: Turn) -> AsyncIterator[Any]:
         self.turns.append(turn.turn_id)
         await self.go.wait()
+        if self.pcm is not None:
+            yield AudioChunk(turn.turn_id, self.pcm, 24_000, "Hi", 0, 2)
         yield TurnDone(turn.turn_id, "", {})
 
     async def cancel(self, turn_id: str) -> bool:
@@ -125,6 +136,29 @@ def test_a_shift_sends_unpinned_callers_to_a_serving_version_only() -> None:
     models.split("tiny", None)
     one.state = VersionState.DRAINING  # still reached by callers pinned to it
     assert models.resolve("tiny@1") is one
+
+
+@pytest.mark.parametrize(("pcm", "phase"), [
+    (np.zeros(2400, np.float32), "rolled_back"),  # spoke, but digital silence
+    (np.full(2400, 0.1, np.float32), "done"),
+])
+async def test_a_canary_turn_must_be_heard_or_the_rollout_rolls_back(
+    tmp_path: Path, pcm: np.ndarray, phase: str
+) -> None:
+    models, one, two = registry()
+    two.pipeline.pcm = pcm
+    two.pipeline.go.set()
+    rollouts = Rollouts(models, Settings(profile="tiny", data_dir=tmp_path),
+                        RolloutTimes(canary_timeout_s=10, step_s=0))
+    rollouts.begin("tiny@2", Strategy.VERSIONED)
+    state = await rollouts.wait()
+    assert state is not None and state.phase == phase
+    if phase == "rolled_back":
+        assert models.default("tiny") is one and state.reason is not None
+        assert "tiny@2: canary turn canary-tiny@2-1 produced no audible audio" in state.reason
+        assert models.get("tiny@2") is two and two.state == VersionState.SERVING  # as before
+    else:
+        assert models.default("tiny") is two and state.canary[0]["audio_ms"] == 100
 
 
 async def _events(binding: VersionBinding, turn_id: str) -> list[Any]:
