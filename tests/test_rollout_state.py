@@ -1,17 +1,23 @@
 """Rollout bookkeeping without engines: the persisted state and what a restarted server makes
 of it, the refusals of a rollout asked wrongly, and a call's binding to its model version
-(a pin takes over only between turns; each turn's cancel reaches the version running it)."""
+(a pin takes over only between turns; each turn's cancel reaches the version running it), a
+canary turn that must be heard, and a call pinned to a model not served refused (404) before
+it exists, over WebRTC and WebSocket."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+import websockets
+import websockets.asyncio.client
 
 from agent.config import Settings
 from agent.serving.binding import UnknownModelError, VersionBinding
@@ -27,6 +33,8 @@ from agent.serving.rollout_state import (
 )
 from pipeline.events import AudioChunk, Turn, TurnDone
 from pipeline.supervisor import StageState, StageStatus
+from tests.rtc_client import dead_peer_offer
+from tests.served import Served
 
 
 class Stage:
@@ -163,3 +171,22 @@ async def test_a_canary_turn_must_be_heard_or_the_rollout_rolls_back(
 
 async def _events(binding: VersionBinding, turn_id: str) -> list[Any]:
     return [event async for event in binding.respond(Turn(turn_id, []))]
+
+
+async def test_a_call_pinned_to_a_model_not_served_is_refused_before_it_exists(
+    media_server: Served,
+) -> None:
+    offer = await dead_peer_offer()
+    session = json.dumps({"type": "realtime", "model": "tiny@9"})
+    async with httpx.AsyncClient(base_url=media_server.url) as http:
+        reply = await http.post("/v1/realtime/calls", files={
+            "sdp": (None, offer, "application/sdp"),
+            "session": (None, session, "application/json")})
+    assert reply.status_code == 404 and reply.json()["error"]["code"] == "model_not_found"
+    assert "'tiny@9' is not served here" in reply.json()["error"]["message"]
+    url = media_server.url.replace("http://", "ws://") + "/v1/realtime?model=tiny@9"
+    with pytest.raises(websockets.InvalidStatus) as denied:
+        async with websockets.asyncio.client.connect(url):
+            pass
+    assert denied.value.response.status_code == 404
+    assert len(media_server.app.state.calls) == 0
