@@ -19,6 +19,7 @@ import pytest
 import websockets
 import websockets.asyncio.client
 
+from agent.app import create_app
 from agent.config import Settings
 from agent.serving.binding import UnknownModelError, VersionBinding
 from agent.serving.registry import ModelRegistry, ServedVersion, VersionState
@@ -190,3 +191,15 @@ async def test_a_call_pinned_to_a_model_not_served_is_refused_before_it_exists(
             pass
     assert denied.value.response.status_code == 404
     assert len(media_server.app.state.calls) == 0
+
+
+async def test_the_admin_routes_take_an_api_key(tmp_path: Path) -> None:
+    app = create_app(Settings(api_keys=["sk-admin-0123456789"], data_dir=tmp_path))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://omnivox") as http:
+        for path in ("/v1/models/rollout", "/v1/models/tiny@1/retire"):
+            body = {"model": "tiny@2"} if path.endswith("rollout") else {}
+            assert (await http.post(path, json=body)).status_code == 401
+            keyed = await http.post(path, json=body,
+                                    headers={"Authorization": "Bearer sk-admin-0123456789"})
+            assert keyed.status_code == 404  # past the key: a media server serves no model
