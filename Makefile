@@ -15,9 +15,10 @@ ENGINE := $(shell nvidia-smi -L >/dev/null 2>&1 && echo engine-gpu || echo engin
 # local wheel folder where the machine has one, else from the PyTorch project's CPU wheel index,
 # which setup adds only when the first attempt cannot find that build.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-# Debian packages: espeak-ng voices the local family; chromium and sox serve the tests.
-SYSTEM_PACKAGES := espeak-ng chromium sox
-SYSTEM_COMMANDS := espeak-ng chromium sox
+# Debian packages: espeak-ng voices the local family; chromium, sox and sip-tester (SIPp, the
+# SIP phone of tests/test_sip_bridge.py) serve the tests.
+SYSTEM_PACKAGES := espeak-ng chromium sox sip-tester
+SYSTEM_COMMANDS := espeak-ng chromium sox sipp
 
 .PHONY: setup run test soak lint system-packages models clean
 

@@ -53,6 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_bench_asr(bench_cmd)
     add_bench_gpu(bench_cmd)
     add_bench_answers(bench_cmd)
+    add_sip(commands)
     return parser.parse_args(argv)
 
 
@@ -145,6 +146,23 @@ def bench_gpu(args: argparse.Namespace, settings: Settings) -> int:
     from agent.bench.gpu import command
 
     return command(args, settings)
+
+
+def add_sip(commands: Any) -> None:
+    from agent.sip.command import add_parser
+
+    add_setting_flags(add_parser(commands), ("log_level", "log_format"))
+
+
+def sip_bridge(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.sip.command import bridge_settings, run
+    from agent.sip.settings import BridgeSettingsError
+
+    try:
+        bridge = bridge_settings(args)
+    except BridgeSettingsError as exc:
+        raise CommandLineError(f"sip: {exc}") from None
+    return run(bridge)
 
 
 def concurrency_levels(text: str) -> list[int]:
@@ -351,6 +369,7 @@ COMMANDS = {
     ("bench", "asr"): bench_asr,
     ("bench", "gpu"): bench_gpu,
     ("bench", "answers"): bench_answers,
+    ("sip", None): sip_bridge,
 }
 
 

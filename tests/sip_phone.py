@@ -1,0 +1,112 @@
+"""A SIP phone for tests: Debian's SIPp runs one of the project's scenarios (tests/sipp/) as
+the phone's signalling and plays G.711 speech as its RTP; what the bridge sends the phone is
+caught by an RTP recorder the scenario's SDP points at."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from aiortp.codecs import PcmuCodec
+
+from tests.audio_fixtures import ESPEAK, SOX
+
+SIPP = shutil.which("sipp") or "/usr/bin/sipp"  # Debian's sip-tester (Makefile: SYSTEM_PACKAGES)
+SCENARIOS = Path(__file__).resolve().parent / "sipp"
+SPEECH = "speech.ulaw"  # the name the scenarios play, in SIPp's working folder
+LOUD = 300  # int16 amplitude above which received audio counts as the agent speaking
+
+
+def phone_speech(text: str, folder: Path) -> Path:
+    """`text` spoken by espeak-ng as raw G.711 u-law at 8 kHz, 0.5 s of silence before and
+    1 s after, in `folder`/speech.ulaw (what the scenarios play)."""
+    raw = folder / "speech.espeak.wav"
+    subprocess.run([ESPEAK, "-w", str(raw), text], check=True, capture_output=True)
+    path = folder / SPEECH
+    subprocess.run([SOX, "-D", str(raw), "-r", "8000", "-c", "1", "-e", "u-law", "-t", "raw",
+                    str(path), "gain", "-n", "-3", "pad", "0.5", "1"],
+                   check=True, capture_output=True)
+    raw.unlink()
+    return path
+
+
+def free_port(kind: int = socket.SOCK_DGRAM, also_tcp: bool = False) -> int:
+    """A loopback port free now (for UDP, and TCP too when asked)."""
+    while True:
+        with socket.socket(socket.AF_INET, kind) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if not also_tcp:
+            return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            try:
+                tcp.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+
+
+@dataclass
+class RtpRecorder(asyncio.DatagramProtocol):
+    """Counts the RTP packets sent to the phone and how many carried sound (PCMU decoded)."""
+
+    packets: int = 0
+    loud: int = 0
+    payload_types: set[int] = field(default_factory=set)
+    _codec: PcmuCodec = field(default_factory=PcmuCodec)
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if len(data) < 12 or data[0] >> 6 != 2:
+            return  # not RTP
+        self.packets += 1
+        payload_type = data[1] & 0x7F
+        self.payload_types.add(payload_type)
+        if payload_type == 0:
+            pcm = np.frombuffer(self._codec.decode(data[12:]), "<i2")
+            if pcm.size and int(np.abs(pcm.astype(np.int32)).max()) > LOUD:
+                self.loud += 1
+
+
+@contextlib.asynccontextmanager
+async def recording_rtp() -> AsyncIterator[tuple[int, RtpRecorder]]:
+    """An RTP recorder on a free loopback port, for the block: (its port, what it heard)."""
+    port = free_port()
+    transport, recorder = await asyncio.get_running_loop().create_datagram_endpoint(
+        RtpRecorder, local_addr=("127.0.0.1", port))
+    try:
+        yield port, recorder
+    finally:
+        transport.close()
+
+
+@contextlib.asynccontextmanager
+async def sipp_call(scenario: str, target: str, folder: Path, rtp_sink: int,
+                    *extra: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """SIPp placing one call to `target` (HOST:PORT) with tests/sipp/`scenario`, from
+    `folder` (where speech.ulaw lies); its exit status says whether the scenario held. Killed
+    if still running when the block ends (a test that failed half-way)."""
+    sipp = await asyncio.create_subprocess_exec(
+        SIPP, target, "-sf", str(SCENARIOS / scenario), "-s", "1000", "-m", "1",
+        "-i", "127.0.0.1", "-mi", "127.0.0.1", "-mp", str(free_port()),
+        "-p", str(free_port()), "-key", "rtp_sink", str(rtp_sink), "-nostdin",
+        "-timeout", "90", "-timeout_error", *extra,
+        cwd=folder, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        yield sipp
+    finally:
+        if sipp.returncode is None:
+            sipp.kill()
+            await sipp.wait()
+
+
+async def sipp_result(sipp: asyncio.subprocess.Process, timeout_s: float) -> tuple[int, str]:
+    """SIPp's exit status and the end of its output (its screen and errors)."""
+    out, _ = await asyncio.wait_for(sipp.communicate(), timeout_s)
+    return int(sipp.returncode or 0), out.decode(errors="replace")[-3000:]

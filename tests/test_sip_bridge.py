@@ -1,0 +1,118 @@
+"""`omnivox sip` end to end: a real SIP phone (SIPp, tests/sip_phone.py) calls the bridge,
+which runs as its own process and bridges to the shared tiny server over WebRTC.
+
+Checked: the call is answered, the server's leg is G.711 only (the bridge's offer holds no
+Opus and no data channel), the phone hears the agent answer its question (RTP with sound at
+the phone's RTP address), a BYE from the phone ends the server's call, and the server ending
+its call (`POST /v1/realtime/calls/{id}/hangup`) sends the phone a BYE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO
+from tests.product_calls import wait_until
+from tests.served import Served
+from tests.sip_phone import free_port, phone_speech, recording_rtp, sipp_call, sipp_result
+
+pytestmark = pytest.mark.engines
+
+
+@pytest.fixture(scope="module")
+def phone_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("phone")
+    phone_speech("what is the weather like today", folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+async def bridge(shared_tiny_server: Served) -> AsyncIterator[str]:
+    """`omnivox sip` on a loopback port, bridging to the shared tiny server: its HOST:PORT."""
+    port = free_port(also_tcp=True)
+    rtp = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent.cli", "sip", "--listen", f"127.0.0.1:{port}",
+        "--server", shared_tiny_server.url, "--rtp-ports", f"{rtp}-{rtp + 40}",
+        cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    assert process.stdout is not None
+    seen: list[str] = []
+    while not any("omnivox sip: listening" in line for line in seen):
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert line, f"omnivox sip exited ({await process.wait()}): {''.join(seen)}"
+        seen.append(line)
+    drain = asyncio.create_task(_drain(process.stdout))
+    yield f"127.0.0.1:{port}"
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(process.wait(), 30) == 0
+    drain.cancel()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    """Read the bridge's log as it comes (a full pipe would block it); echoed for failures."""
+    while line := await stream.readline():
+        print("bridge:", line.decode().rstrip())
+
+
+def live_calls(served: Served) -> list[str]:
+    return [call.id for call in served.app.state.calls]
+
+
+async def bridged_call(served: Served) -> tuple[str, str]:
+    """The server's call placed by the bridge, once its offer is applied: (id, offer SDP)."""
+    def offered() -> list[tuple[str, str]]:
+        return [(call.id, call.pc.remoteDescription.sdp) for call in served.app.state.calls
+                if call.pc.remoteDescription is not None]
+
+    await wait_until(lambda: bool(offered()), 30, "the bridged call")
+    return offered()[0]
+
+
+async def test_phone_call_answered_and_bye_from_phone_ends_server_call(
+    tiny_server: Served, bridge: str, phone_folder: Path
+) -> None:
+    async with (recording_rtp() as (sink, heard),
+                sipp_call("phone_hangs_up.xml", bridge, phone_folder, sink, "-d", "3000") as sipp):
+        _, offer = await bridged_call(tiny_server)
+        rc, out = await sipp_result(sipp, 60)
+        assert rc == 0, out  # answered 200, ACKed, BYE answered 200
+        await wait_until(lambda: not live_calls(tiny_server), 15, "the server's call to end")
+    audio = offer[offer.index("m=audio"):]
+    assert "PCMU/8000" in audio and "opus" not in audio.lower(), offer
+    assert "m=application" not in offer  # no data channel: a bridge's offer
+    assert heard.packets > 50 and heard.payload_types == {0}, heard  # 20 ms PCMU to the phone
+
+
+async def test_phone_hears_the_agent_and_server_hangup_sends_bye(
+    tiny_server: Served, bridge: str, phone_folder: Path
+) -> None:
+    async with (recording_rtp() as (sink, heard),
+                sipp_call("server_hangs_up.xml", bridge, phone_folder, sink) as sipp):
+        call_id, _ = await bridged_call(tiny_server)
+        # The question takes about 3 s; the agent's answer is about 10 s of sound.
+        await wait_until(lambda: heard.loud >= 25, 60, "half a second of the agent's answer")
+        async with httpx.AsyncClient(base_url=tiny_server.url) as http:
+            reply = await http.post(f"/v1/realtime/calls/{call_id}/hangup")
+        assert reply.status_code == 204
+        rc, out = await sipp_result(sipp, 30)
+        assert rc == 0, out  # the phone got the BYE and answered it
+    assert not live_calls(tiny_server)
+
+
+async def test_phone_offering_no_g711_is_refused_488(
+    tiny_server: Served, bridge: str, phone_folder: Path
+) -> None:
+    async with (recording_rtp() as (sink, _),
+                sipp_call("no_g711.xml", bridge, phone_folder, sink) as sipp):
+        rc, out = await sipp_result(sipp, 30)
+    assert rc == 0, out  # 488 received (anything else fails the scenario)
+    assert not live_calls(tiny_server)  # the server was never called
