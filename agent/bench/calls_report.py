@@ -111,6 +111,10 @@ def report(result: dict[str, Any]) -> str:
             lines.append(f"      failures {level['failures']} refusals {level['refusals']}")
         if level["errors"]:
             lines.append(f"      error events: {level['errors']}")
+        if any((server.get("preemptive_replies") or {}).values()):
+            counts = server["preemptive_replies"]
+            lines.append("      preemptive replies (vad.pause_ms): "
+                         + ", ".join(f"{k} {v:.0f}" for k, v in counts.items()))
     if result.get("cascade_vs_sequential"):
         c = result["cascade_vs_sequential"]
         lines.append(f"cascade vs sequential stages at {c['concurrency']} call(s), first audio "

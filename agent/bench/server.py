@@ -30,6 +30,7 @@ LAG_P99_METRIC = "omnivox_event_loop_lag_p99_seconds"  # gauge: the last minute'
 TTFA_METRIC = "omnivox_time_to_first_audio_seconds"  # histogram: VAD close -> first audio sent
 DROPPED_METRIC = "omnivox_calls_dropped"  # counter, by reason
 REFUSED_METRIC = "omnivox_calls_refused"  # counter, by reason
+PREEMPTIVE_METRIC = "omnivox_preemptive_replies_total"  # counter, by outcome
 
 
 def free_port() -> int:
@@ -206,6 +207,13 @@ def counter_delta(before: Samples, after: Samples, name: str) -> float:
     return sum(value - before.get(key, 0.0) for key, value in after.items() if key[0] in names)
 
 
+def by_label(before: Samples, after: Samples, name: str, label: str) -> dict[str, float]:
+    """How much each of a counter's `label` values grew between two scrapes."""
+    return {dict(labels)[label]: value - before.get((sample, labels), 0.0)
+            for (sample, labels), value in after.items()
+            if sample == name and label in dict(labels)}
+
+
 def gauge(samples: Samples, name: str) -> float | None:
     return next((v for (sample, _), v in samples.items() if sample == name), None)
 
@@ -302,6 +310,7 @@ def server_figures(watch: ServerWatch, t0: float, t1: float, before: Samples | N
         "server_ttfa_p50_ms": None,
         "calls_dropped": None,
         "calls_refused": None,
+        "preemptive_replies": None,
         "healthz_ms": ({"p50": float(np.percentile(healthz, 50)),
                         "p99": float(np.percentile(healthz, 99)), "max": max(healthz)}
                        if healthz else None),
@@ -323,5 +332,6 @@ def server_figures(watch: ServerWatch, t0: float, t1: float, before: Samples | N
             server_ttfa_p50_ms=None if ttfa is None else ttfa * 1e3,
             calls_dropped=counter_delta(before, after, DROPPED_METRIC),
             calls_refused=counter_delta(before, after, REFUSED_METRIC),
+            preemptive_replies=by_label(before, after, PREEMPTIVE_METRIC, "outcome"),
         )
     return out
