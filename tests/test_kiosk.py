@@ -35,6 +35,9 @@ from tests.test_browser_agent import MICROPHONE
 pytestmark = [pytest.mark.browser, pytest.mark.engines, pytest.mark.asyncio(loop_scope="session")]
 
 SOAK_S = float(os.environ.get("OMNIVOX_KIOSK_SOAK_S", "0"))  # 0: one question each side
+# Minutes of silence before the page starts over (9 s; the test waits for it at the end): the
+# questions leave none, one following the other's reply at once.
+RESET_MIN = 0.15
 REPLY_TIMEOUT_MS = 90_000
 RECONNECT_TIMEOUT_MS = 60_000
 DOWN_S = 2.0  # how long the server stays down: the page meets refused connections
@@ -114,7 +117,7 @@ async def test_kiosk_comes_back_by_itself_after_a_server_restart(
 
     async with serve(kiosk_app(shared_tiny_server, tmp_path_factory.mktemp("data")), port) as a:
         await wait_ready(a)
-        await page.goto(f"{a.url}/kiosk?raw=1")  # nothing is clicked, ever
+        await page.goto(f"{a.url}/kiosk?raw=1&reset_min={RESET_MIN}")  # nothing is clicked, ever
         await page.evaluate("(b64) => window.__mic.load('question', b64)", question)
         before = await converse(page, began + SOAK_S / 2)
         await page.screenshot(path=str(SCREENSHOT))
@@ -150,6 +153,12 @@ async def test_kiosk_comes_back_by_itself_after_a_server_restart(
         after = await converse(page, began + SOAK_S)
         stats = await omnivox(page, "({calls: o.calls, conversations: o.conversations, "
                                     "resumed: o.resumed, lastError: o.lastError})")
+        # Silence: the page starts over (empty captions, a new call), and the server keeps
+        # nothing of the conversation it hung up.
+        await page.wait_for_function("window.omnivox.conversations === 3 && "
+                                     "window.omnivox.connected", timeout=RECONNECT_TIMEOUT_MS)
+        assert await page.locator("#transcript li").count() == 0
+        assert len(b.app.state.calls.resumes) == 0
         await page.close()  # hangs the call up (pagehide)
 
     print(f"\nkiosk: {len(before)} + {len(after)} questions answered in "
