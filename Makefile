@@ -15,9 +15,10 @@ ENGINE := $(shell nvidia-smi -L >/dev/null 2>&1 && echo engine-gpu || echo engin
 # local wheel folder where the machine has one, else from the PyTorch project's CPU wheel index,
 # which setup adds only when the first attempt cannot find that build.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-# Debian packages: espeak-ng voices the local family; chromium and sox serve the tests.
-SYSTEM_PACKAGES := espeak-ng chromium sox
-SYSTEM_COMMANDS := espeak-ng chromium sox
+# Debian packages: espeak-ng voices the local family; chromium, sox and sip-tester (SIPp, the
+# SIP phone of tests/test_sip_bridge.py) serve the tests.
+SYSTEM_PACKAGES := espeak-ng chromium sox sip-tester
+SYSTEM_COMMANDS := espeak-ng chromium sox sipp
 
 .PHONY: setup run test soak lint system-packages models clean
 
@@ -73,6 +74,7 @@ test: lint
 soak: setup
 	OMNIVOX_LOAD_CALLS=32 OMNIVOX_LOAD_DURATION_S=600 $(BIN)/python -m pytest -s tests/test_load.py
 	OMNIVOX_KIOSK_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_kiosk.py
+	OMNIVOX_ROLLOUT_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_model_rollout.py
 	OMNIVOX_ORPHEUS_CHAT_THINKER=1 $(BIN)/python -m pytest -s tests/test_orpheus_chat_thinker.py
 
 clean:
