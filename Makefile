@@ -69,13 +69,15 @@ test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The long runs: the load test at 32 calls for ten minutes (make test runs 16 for two), the
-# kiosk page through ten minutes of questions with a server restart halfway, and the orpheus
-# profile with a chat-model Thinker (two engine starts: too long for make test).
+# kiosk page through ten minutes of questions with a server restart halfway, the orpheus
+# profile with a chat-model Thinker (two engine starts: too long for make test), and 8 SIP
+# phones calling through `omnivox sip` at once.
 soak: setup
 	OMNIVOX_LOAD_CALLS=32 OMNIVOX_LOAD_DURATION_S=600 $(BIN)/python -m pytest -s tests/test_load.py
 	OMNIVOX_KIOSK_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_kiosk.py
 	OMNIVOX_ROLLOUT_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_model_rollout.py
 	OMNIVOX_ORPHEUS_CHAT_THINKER=1 $(BIN)/python -m pytest -s tests/test_orpheus_chat_thinker.py
+	OMNIVOX_SIP_SOAK_CALLS=8 $(BIN)/python -m pytest -s tests/test_sip_bridge.py -k concurrent
 
 clean:
 	rm -rf $(VENV) models data

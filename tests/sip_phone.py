@@ -9,6 +9,7 @@ import contextlib
 import shutil
 import socket
 import subprocess
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ class RtpRecorder(asyncio.DatagramProtocol):
     packets: int = 0
     loud: int = 0
     payload_types: set[int] = field(default_factory=set)
+    loud_by_source: Counter[int] = field(default_factory=Counter)  # by SSRC: one per call
     _codec: PcmuCodec = field(default_factory=PcmuCodec)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
@@ -72,6 +74,7 @@ class RtpRecorder(asyncio.DatagramProtocol):
             pcm = np.frombuffer(self._codec.decode(data[12:]), "<i2")
             if pcm.size and int(np.abs(pcm.astype(np.int32)).max()) > LOUD:
                 self.loud += 1
+                self.loud_by_source[int.from_bytes(data[8:12], "big")] += 1
 
 
 @contextlib.asynccontextmanager
@@ -87,13 +90,14 @@ async def recording_rtp() -> AsyncIterator[tuple[int, RtpRecorder]]:
 
 
 @contextlib.asynccontextmanager
-async def sipp_call(scenario: str, target: str, folder: Path, rtp_sink: int,
-                    *extra: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    """SIPp placing one call to `target` (HOST:PORT) with tests/sipp/`scenario`, from
-    `folder` (where speech.ulaw lies); its exit status says whether the scenario held. Killed
-    if still running when the block ends (a test that failed half-way)."""
+async def sipp_call(scenario: str, target: str, folder: Path, rtp_sink: int, *extra: str,
+                    calls: int = 1) -> AsyncIterator[asyncio.subprocess.Process]:
+    """SIPp placing `calls` calls at once to `target` (HOST:PORT) with tests/sipp/`scenario`,
+    from `folder` (where speech.ulaw lies); its exit status says whether every call held.
+    Killed if still running when the block ends (a test that failed half-way)."""
     sipp = await asyncio.create_subprocess_exec(
-        SIPP, target, "-sf", str(SCENARIOS / scenario), "-s", "1000", "-m", "1",
+        SIPP, target, "-sf", str(SCENARIOS / scenario), "-s", "1000",
+        "-m", str(calls), "-l", str(calls), "-r", str(calls),
         "-i", "127.0.0.1", "-mi", "127.0.0.1", "-mp", str(free_port()),
         "-p", str(free_port()), "-key", "rtp_sink", str(rtp_sink), "-nostdin",
         "-timeout", "90", "-timeout_error", *extra,

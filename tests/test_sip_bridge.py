@@ -26,6 +26,8 @@ from tests.sip_phone import free_port, phone_speech, recording_rtp, sipp_call, s
 
 pytestmark = pytest.mark.engines
 
+SOAK_CALLS = int(os.environ.get("OMNIVOX_SIP_SOAK_CALLS", "0"))  # make soak: 8
+
 
 @pytest.fixture(scope="module")
 def phone_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -77,11 +79,13 @@ async def bridged_call(served: Served) -> tuple[str, str]:
     return offered()[0]
 
 
+@pytest.mark.parametrize("transport", ["u1", "t1"], ids=["udp", "tcp"])
 async def test_phone_call_answered_and_bye_from_phone_ends_server_call(
-    tiny_server: Served, bridge: str, phone_folder: Path
+    tiny_server: Served, bridge: str, phone_folder: Path, transport: str
 ) -> None:
     async with (recording_rtp() as (sink, heard),
-                sipp_call("phone_hangs_up.xml", bridge, phone_folder, sink, "-d", "3000") as sipp):
+                sipp_call("phone_hangs_up.xml", bridge, phone_folder, sink, "-d", "3000",
+                          "-t", transport) as sipp):
         _, offer = await bridged_call(tiny_server)
         rc, out = await sipp_result(sipp, 60)
         assert rc == 0, out  # answered 200, ACKed, BYE answered 200
@@ -116,3 +120,27 @@ async def test_phone_offering_no_g711_is_refused_488(
         rc, out = await sipp_result(sipp, 30)
     assert rc == 0, out  # 488 received (anything else fails the scenario)
     assert not live_calls(tiny_server)  # the server was never called
+
+
+@pytest.mark.skipif(not SOAK_CALLS, reason="make soak (OMNIVOX_SIP_SOAK_CALLS=8)")
+async def test_concurrent_phone_calls_hold(
+    tiny_server: Served, bridge: str, phone_folder: Path
+) -> None:
+    """SOAK_CALLS phones call at once, each asks its question and listens 30 s: every call is
+    bridged at the same time and every phone hears its own answer."""
+    most = 0
+    async with (recording_rtp() as (sink, heard),
+                sipp_call("phone_hangs_up.xml", bridge, phone_folder, sink, "-d", "30000",
+                          calls=SOAK_CALLS) as sipp):
+        result = asyncio.ensure_future(sipp_result(sipp, 120))
+        while not result.done():
+            most = max(most, len(live_calls(tiny_server)))
+            await asyncio.sleep(0.2)
+        rc, out = await result
+        await wait_until(lambda: not live_calls(tiny_server), 30, "every server call to end")
+    assert rc == 0, out
+    assert most == SOAK_CALLS
+    answered = [n for n in heard.loud_by_source.values() if n >= 25]
+    loud = sorted(heard.loud_by_source.values())
+    print(f"sip soak: {SOAK_CALLS} calls held; loud packets heard per call: {loud}")
+    assert len(answered) == SOAK_CALLS, heard.loud_by_source

@@ -12,17 +12,18 @@ import logging
 
 from aiortp import PortAllocator
 from aiosipua import IncomingCall, SipRequest, SipUAS
-from aiosipua.transport import SipTransport, TcpSipTransport
+from aiosipua.transport import SipTransport
 
 from agent.sip.bridged_call import BridgedCall
 from agent.sip.reinvite import answer_reinvite
 from agent.sip.settings import BridgeSettings
+from agent.sip.tcp_transport import TcpTransport
 from agent.sip.udp_transport import UdpTransport
 
 log = logging.getLogger(__name__)
 
 USER_AGENT = "omnivox-sip"
-TRANSPORTS: dict[str, type[SipTransport]] = {"udp": UdpTransport, "tcp": TcpSipTransport}
+TRANSPORTS: dict[str, type[SipTransport]] = {"udp": UdpTransport, "tcp": TcpTransport}
 
 
 class SipListener:
