@@ -154,8 +154,16 @@ async def test_red_black_rollout_under_four_calls_drops_nothing(server: Served) 
     assert {c.location for c in callers} <= {f"/v1/realtime/calls/{call.id}"
                                              for call in server.app.state.calls}  # none dropped
 
+    # A completion pinned to the draining version, in flight as its last calls end, finishes
+    # there before its workers stop.
+    _, client = clients(server)
+    pinned = asyncio.ensure_future(client.chat.completions.create(
+        model="tiny@2", messages=[{"role": "user", "content": "Hi"}],
+        max_completion_tokens=400))
     await asyncio.gather(*(c.hang_up() for c in callers))
     await wait_phase(server, "done")
+    answer = await pinned
+    assert (answer.model, answer.choices[0].finish_reason) == ("tiny@2", "length")
     assert set(await models_of(server)) == {"tiny@1", "rollout"}
     assert all(not _alive(pid) for pid in old_pids)  # tiny@2's workers are gone
     await newcomer.hang_up()

@@ -46,6 +46,7 @@ class RolloutTimes:
     canary_timeout_s: float = 120.0  # one canary turn
     step_s: float = 2.0  # how long each shift step holds before the next
     drain_timeout_s: float = 600.0  # then calls left on the old move at their next turn
+    requests_drain_s: float = 30.0  # requests in flight on a version finish before it stops
 
 
 class Rollouts:
@@ -225,12 +226,28 @@ class Rollouts:
                 binding.pin(to.id)
         self.models.remove(old.id)
         if old.owned:
+            await self._quiet(old)
             await old.pipeline.stop()
             log.info("%s retired: its workers stopped", old.id)
         else:
             self._parked[old.id] = old
             log.info("%s retired (its workers are not this server's to stop)", old.id)
         return len(moved)
+
+    async def _quiet(self, old: ServedVersion) -> None:
+        """Requests already on a version taken out of service (completions, speech) finish
+        before its workers stop, for at most `requests_drain_s`."""
+        active = getattr(old.pipeline, "active_requests", None)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.times.requests_drain_s
+        while active is not None and loop.time() < until:
+            try:
+                held = await active()
+            except Exception:  # a stage not ready: it holds nothing worth waiting for
+                return
+            if not any(reply.engine_ids or reply.serving_ids for reply in held.values()):
+                return
+            await asyncio.sleep(POLL_S)
 
     async def _roll_back(self, state: RolloutState, new: ServedVersion | None,
                          old: ServedVersion | None, started_here: bool, reason: str) -> None:
