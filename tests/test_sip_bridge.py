@@ -4,7 +4,8 @@ which runs as its own process and bridges to the shared tiny server over WebRTC.
 Checked: the call is answered, the server's leg is G.711 only (the bridge's offer holds no
 Opus and no data channel), the phone hears the agent answer its question (RTP with sound at
 the phone's RTP address), a BYE from the phone ends the server's call, and the server ending
-its call (`POST /v1/realtime/calls/{id}/hangup`) sends the phone a BYE.
+its call (`POST /v1/realtime/calls/{id}/hangup`) sends the phone a BYE; a hold re-INVITE is
+answered and the call goes on; a phone without G.711 is refused.
 """
 
 from __future__ import annotations
@@ -120,6 +121,17 @@ async def test_phone_offering_no_g711_is_refused_488(
         rc, out = await sipp_result(sipp, 30)
     assert rc == 0, out  # 488 received (anything else fails the scenario)
     assert not live_calls(tiny_server)  # the server was never called
+
+
+async def test_hold_reinvite_is_answered_and_the_call_goes_on(
+    tiny_server: Served, bridge: str, phone_folder: Path
+) -> None:
+    async with (recording_rtp() as (sink, _),
+                sipp_call("reinvite_hold.xml", bridge, phone_folder, sink, "-d", "1000") as sipp):
+        await bridged_call(tiny_server)
+        rc, out = await sipp_result(sipp, 60)
+        await wait_until(lambda: not live_calls(tiny_server), 15, "the server's call to end")
+    assert rc == 0, out  # the re-INVITE's 200 said a=recvonly; the BYE after it was answered
 
 
 @pytest.mark.skipif(not SOAK_CALLS, reason="make soak (OMNIVOX_SIP_SOAK_CALLS=8)")
