@@ -220,11 +220,24 @@ class Supervisor:
         # _start_worker set both for this worker; only its burial, after this, clears them.
         assert process is not None and exited is not None
         while True:
+            began = loop.time()
             await _wait_either(exited, slot.woken, self.policy.heartbeat_s)
             if exited.done():
                 return await _exit_reason(process)
             if slot.broken is not None:
                 return f"{slot.broken}; worker replaced"
+            if loop.time() - began > self.policy.heartbeat_timeout_s:
+                # This loop was held up itself (a blocking caller, a suspended process): the
+                # beats sent meanwhile are queued unread, so the silence is ours, not the
+                # worker's. Its silence counts from now (a hung worker is found one timeout
+                # later), whichever of this task and the beats' reader runs first.
+                logger.warning("stage %s: the supervisor's loop was held up %.1f s; the "
+                               "worker's silence counts from now", slot.spec.stage,
+                               loop.time() - began)
+                slot.last_beat = max(slot.last_beat, loop.time())
+                if slot.status.pid is not None:
+                    slot.quiet_since = schedstat.sample(slot.status.pid)
+                continue
             silent = loop.time() - slot.last_beat
             if silent > self.policy.heartbeat_timeout_s:
                 hung = self._judge_silence(slot, silent)

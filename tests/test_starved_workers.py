@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -161,3 +162,19 @@ async def test_a_worker_starved_past_the_grace_is_replaced(
         [lost] = decisions(caplog, "thinker", "past the 1 s grace")
         print(f"\n{lost}")
         assert "killed" in lost
+
+
+async def test_a_held_up_supervisor_does_not_take_its_own_silence_for_the_workers(
+    patient: Pipeline, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The supervisor's own loop blocked past the heartbeat timeout (as a synchronous caller
+    sharing it blocks it) leaves the beats sent meanwhile unread: no worker is judged hung for
+    that, and none is replaced."""
+    caplog.set_level(logging.WARNING, logger="pipeline.supervisor")
+    before = {stage: status.pid for stage, status in patient.health().stages.items()}
+    time.sleep(TIMEOUT_S * 3)  # blocks this loop, the supervisor's: deliberately
+    await asyncio.sleep(TIMEOUT_S * 2)  # rounds enough to judge, had the silence counted
+    after = {stage: status.pid for stage, status in patient.health().stages.items()}
+    assert after == before
+    assert not [r for r in caplog.records if "killed" in r.getMessage()], caplog.text
+    assert all(decisions(caplog, stage, "held up") for stage in before), caplog.text
