@@ -9,7 +9,7 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
 
@@ -76,8 +76,10 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Records first: a data directory that cannot be written stops the start, saying why.
         await asyncio.to_thread(app.state.records.open)
-        # A rollout the last process left half-done: rolled back (this one serves the old).
+        # A rollout the last process left half-done: rolled back (this one serves the old);
+        # the versions it left serving beside the default serve again.
         await asyncio.to_thread(app.state.rollouts.recover)
+        app.state.rollouts.restore()
         # Everything imported and built so far lives as long as the process: keep it out of
         # the collector, whose full passes over it stalled the event loop (and /healthz, and
         # every call's pacing) for 90-160 ms each. Garbage first, so none is frozen with it.
@@ -86,7 +88,8 @@ def create_app(
         starting = (asyncio.create_task(pipeline.start())
                     if pipeline is not None and owns_pipeline else None)
         if starting is not None:
-            starting.add_done_callback(lambda task: _start_failed(task, app.state.readiness))
+            starting.add_done_callback(lambda task: _start_failed(
+                task, app.state.readiness, lambda: first is None or models.is_default(first)))
         loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())
         load = asyncio.create_task(app.state.admission.run())
         try:
@@ -163,10 +166,12 @@ def create_app(
     return app
 
 
-def _start_failed(task: asyncio.Task[None], readiness: Readiness) -> None:
-    """Readiness hears why the pipeline's start gave up (its error says why, in one line)."""
+def _start_failed(task: asyncio.Task[None], readiness: Readiness,
+                  applies: Callable[[], bool]) -> None:
+    """Readiness hears why the pipeline's start gave up (its error says why, in one line), for
+    as long as that pipeline serves the default (`applies`: a rollout may replace it)."""
     if not task.cancelled() and task.exception() is not None:
-        readiness.start_failed(str(task.exception()))
+        readiness.start_failed(str(task.exception()), applies)
 
 
 class StripPrefix:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -32,6 +33,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        "in <models-dir>/versions/N)")
     build.add_argument("--seed", type=int, default=None,
                        help="the seed of a random-weight family's weights (default: its own)")
+    build.add_argument("--output-schema", type=Path, default=None, metavar="FILE",
+                       help="a JSON schema the version's answers follow (kept in its manifest): "
+                       "a rollout's canary checks a guided completion of it against it")
     add_setting_flags(build, ("models_dir",))
     add_rollout_parsers(models_cmd)
 
@@ -289,7 +293,12 @@ def retire_model(args: argparse.Namespace, settings: Settings) -> int:
 def build_models(args: argparse.Namespace, settings: Settings) -> int:
     from agent.profiles import load_profiles
     from pipeline.families import load_family
-    from pipeline.model_versions import built_manifest, version_root
+    from pipeline.model_versions import (
+        built_manifest,
+        declare_output_schema,
+        declared_output_schema,
+        version_root,
+    )
     from pipeline.models import build_family, build_options
 
     family = str(load_profiles().get(args.family, {}).get("family", args.family))
@@ -298,17 +307,48 @@ def build_models(args: argparse.Namespace, settings: Settings) -> int:
         build_options(family, args.seed)
     except ValueError as exc:
         raise CommandLineError(str(exc)) from None
+    schema = output_schema_of(args.output_schema)
     root = version_root(settings.models_dir, args.version)
     built_seed = (built_manifest(root, family) or {}).get("seed")
+    schema = schema or declared_output_schema(root, family)  # a rebuild keeps its declaration
     if args.seed is not None and built_seed is not None and args.seed != built_seed:
         raise CommandLineError(
             f"{family} version {args.version} is built from seed {built_seed}: a version's "
             f"weights never change; build another --version, or remove {root / family} first")
     build_family(family, str(root), built_seed if args.seed is None else args.seed)
+    if schema is not None:
+        declare_output_schema(root, family, schema)
     checksum = (built_manifest(root, family) or {}).get("checksum", "?")
     print(f"omnivox: {family} version {args.version} ready in {root / family} "
           f"(checksum {checksum})")
     return 0
+
+
+def output_schema_of(path: Path | None) -> dict[str, Any] | None:
+    """The JSON schema in `path` (None: none given), once it is one that guided decoding
+    enforces exactly; CommandLineError saying what is wrong with it."""
+    if path is None:
+        return None
+    import jsonschema
+
+    from agent.guided.unsafe_schema import REFUSAL, unsafe_keyword
+
+    try:
+        schema = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CommandLineError(f"--output-schema {path}: not a readable JSON file: {exc}") \
+            from None
+    if not isinstance(schema, dict):
+        raise CommandLineError(f"--output-schema {path}: a JSON schema is an object")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise CommandLineError(f"--output-schema {path}: not a JSON schema: {exc.message}") \
+            from None
+    unsafe = unsafe_keyword(schema)
+    if unsafe is not None:
+        raise CommandLineError(f"--output-schema {path}: {unsafe}: {REFUSAL}")
+    return schema
 
 
 def bench_pipeline(args: argparse.Namespace, settings: Settings) -> int:

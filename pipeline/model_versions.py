@@ -9,7 +9,9 @@ every file still has the sha256 the build recorded.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 FIRST_VERSION = "1"
 VERSIONS_DIR = "versions"
+# The manifest key of a version's declared output schema: the JSON schema its answers follow,
+# which a rollout's canary checks a guided completion of it against.
+OUTPUT_SCHEMA = "output_schema"
 
 
 class ModelVersionError(Exception):
@@ -127,3 +132,19 @@ def verify_version(family: str, root: Path) -> dict[str, Any] | None:
     logger.info("%s version %s: checksum %s, built for %s, running %s", family,
                 version_of(root), checksum[:12], manifest[ENGINES], running_engines())
     return manifest
+
+
+def declared_output_schema(root: Path, family: str) -> dict[str, Any] | None:
+    """The output schema the version built under `root` declares (None: none declared)."""
+    schema = (built_manifest(root, family) or {}).get(OUTPUT_SCHEMA)
+    return schema if isinstance(schema, dict) else None
+
+
+def declare_output_schema(root: Path, family: str, schema: dict[str, Any]) -> None:
+    """Record `schema` in the built version's manifest. Its checksum covers the files, not the
+    manifest, so the version stays the one that was built; written whole (renamed over)."""
+    path = Path(root) / family / MANIFEST
+    manifest = {**read_manifest(path.parent), OUTPUT_SCHEMA: schema}
+    temporary = path.with_name(f".{MANIFEST}.tmp")
+    temporary.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(temporary, path)

@@ -24,7 +24,13 @@ from agent.config import Settings
 from agent.profiles import build_pipeline
 from pipeline.engine_range import running_engines
 from pipeline.families.build_support import files_checksum, read_manifest
-from pipeline.model_versions import ModelVersionError, version_root
+from pipeline.model_versions import (
+    OUTPUT_SCHEMA,
+    ModelVersionError,
+    declared_output_schema,
+    verify_version,
+    version_root,
+)
 from pipeline.models import ensure_models
 from tests.served import serve
 
@@ -71,6 +77,25 @@ def test_a_second_version_is_built_beside_the_first_from_its_own_seed(models: Pa
     assert read_manifest(models / "versions/2/tiny")["checksum"] == second["checksum"]
     with pytest.raises(CommandLineError, match="built from seed 8"):
         _build(models, "--version", "2", "--seed", "9")
+
+
+def test_a_version_declares_its_output_schema_in_its_manifest(models: Path,
+                                                               tmp_path: Path) -> None:
+    root = _copy_version(models, "2", tmp_path)
+    schema = {"type": "object", "properties": {"mood": {"enum": ["calm", "sad"]}}}
+    declared = tmp_path / "mood.json"
+    declared.write_text(json.dumps(schema))
+    _build(tmp_path, "--version", "2", "--output-schema", str(declared))
+    assert declared_output_schema(root, "tiny") == schema
+    assert verify_version("tiny", root) is not None  # its files are still the ones built
+    _build(tmp_path, "--version", "2")  # built again without the flag: it keeps it
+    assert read_manifest(root / "tiny")[OUTPUT_SCHEMA] == schema
+    for text, refusal in [("{", "not a readable JSON file"), ('{"type": 3}', "not a JSON schema"),
+                          ('{"properties": {"a": {"maxLength": 4}}}', "properties.a.maxLength")]:
+        declared.write_text(text)
+        with pytest.raises(CommandLineError, match=refusal):
+            _build(tmp_path, "--version", "2", "--output-schema", str(declared))
+    assert declared_output_schema(root, "tiny") == schema  # a refused one changes nothing
 
 
 async def test_a_changed_weight_file_is_refused_naming_the_file(

@@ -1,8 +1,10 @@
 """Rollout bookkeeping without engines: the persisted state and what a restarted server makes
-of it, the refusals of a rollout asked wrongly, and a call's binding to its model version
-(a pin takes over only between turns; each turn's cancel reaches the version running it), a
-canary turn that must be heard, and a call pinned to a model not served refused (404) before
-it exists, over WebRTC and WebSocket."""
+of it (the default it left, and the versions it left serving beside it started again), the
+refusals of a rollout asked wrongly, and a call's binding to its model version (a pin takes
+over only between turns; each turn's cancel reaches the version running it), a canary turn
+that must be heard, a canary completion that must follow the version's declared output schema,
+/readyz after a rollout past a first version that failed to start, and a call pinned to a
+model not served refused (404) before it exists, over WebRTC and WebSocket."""
 
 from __future__ import annotations
 
@@ -33,20 +35,47 @@ from agent.serving.rollout_state import (
     served_after_restart,
 )
 from pipeline.events import AudioChunk, Turn, TurnDone
+from pipeline.families.build_support import write_json
+from pipeline.model_versions import ModelVersionError, declare_output_schema
+from pipeline.stage import ThinkerJob, ThinkerOutput
 from pipeline.supervisor import StageState, StageStatus
 from tests.rtc_client import dead_peer_offer
-from tests.served import Served
+from tests.served import Served, serve
 
 
 class Stage:
-    """A stand-in pipeline, always ready: each turn waits for `go`, then says `pcm` (none by
-    default) and is done; cancels are noted."""
+    """A stand-in pipeline of the tiny family, always ready once started (a start may fail:
+    `refused`): each turn waits for `go`, then says `pcm` (none by default) and is done;
+    cancels are noted; a text completion answers `answer`, its job noted."""
 
-    def __init__(self, pcm: np.ndarray | None = None) -> None:
+    def __init__(self, pcm: np.ndarray | None = None, refused: str | None = None) -> None:
+        self.settings = SimpleNamespace(family="tiny", models_dir=Path("/m"))
         self.go = asyncio.Event()
         self.pcm = pcm
+        self.refused = refused
+        self.running = False
         self.turns: list[str] = []
         self.cancelled: list[str] = []
+        self.answer = "{}"
+        self.jobs: list[ThinkerJob] = []
+
+    async def start(self) -> None:
+        if self.refused is not None:
+            raise ModelVersionError(self.refused)
+        self.running = True
+
+    async def stop(self) -> None:
+        self.running = False
+
+    def on_stage_failed(self, listener: Any) -> None:
+        pass
+
+    async def generate_text(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
+        self.jobs.append(job)
+        half = len(self.answer) // 2
+        yield ThinkerOutput(job.request_id, self.answer[:half], [1] * half)
+        yield ThinkerOutput(job.request_id, self.answer[half:], [1], finished=True,
+                            finish_reason="stop")
 
     def health(self) -> Any:
         return SimpleNamespace(ready=True, stages={"voicebox": StageStatus("voicebox",
@@ -64,10 +93,10 @@ class Stage:
         return True
 
 
-def registry() -> tuple[ModelRegistry, ServedVersion, ServedVersion]:
+def registry(root: Path = Path("/m")) -> tuple[ModelRegistry, ServedVersion, ServedVersion]:
     models = ModelRegistry("tiny")
-    one = ServedVersion("tiny", "1", "tiny", Path("/m"), Stage(), owned=False)
-    two = ServedVersion("tiny", "2", "tiny", Path("/m/versions/2"), Stage(), owned=True)
+    one = ServedVersion("tiny", "1", "tiny", root, Stage(), owned=False)
+    two = ServedVersion("tiny", "2", "tiny", root / "versions/2", Stage(), owned=True)
     models.add(one, default=True)
     models.add(two)
     return models, one, two
@@ -203,3 +232,106 @@ async def test_the_admin_routes_take_an_api_key(tmp_path: Path) -> None:
             keyed = await http.post(path, json=body,
                                     headers={"Authorization": "Bearer sk-admin-0123456789"})
             assert keyed.status_code == 404  # past the key: a media server serves no model
+
+
+MOOD = {"type": "object", "properties": {"mood": {"enum": ["calm", "sad"]}},
+        "required": ["mood"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize(("answer", "reason"), [
+    ('{"mood": "calm"}', None),
+    ('{"mood": "angry"}', "does not follow it: at mood, 'angry' is not one of ['calm', 'sad']"),
+    ('{"mood": "ca', "is not valid JSON"),
+])
+async def test_a_version_declaring_an_output_schema_must_answer_json_valid_for_it(
+    tmp_path: Path, answer: str, reason: str | None
+) -> None:
+    models, one, two = registry(tmp_path)
+    (two.root / "tiny").mkdir(parents=True)
+    write_json(two.root / "tiny/manifest.json", {"family": "tiny"})
+    declare_output_schema(two.root, "tiny", MOOD)
+    two.pipeline.pcm, two.pipeline.answer = np.full(2400, 0.1, np.float32), answer
+    two.pipeline.go.set()
+    rollouts = Rollouts(models, Settings(profile="tiny", data_dir=tmp_path),
+                        RolloutTimes(canary_timeout_s=10, step_s=0))
+    rollouts.begin("tiny@2", Strategy.VERSIONED)
+    state = await rollouts.wait()
+    assert state is not None and state.canary[0]["audio_ms"] == 100  # it spoke first
+    [job] = two.pipeline.jobs  # guided by the schema, text only
+    assert job.response_format == {"type": "json_schema", "json_schema": {
+        "name": "output_schema", "schema": MOOD}} and not job.embeds
+    if reason is None:
+        assert state.phase == Phase.DONE and models.default("tiny") is two
+        assert state.canary_json is not None and state.canary_json["tokens"] == 9
+    else:
+        assert state.phase == Phase.ROLLED_BACK and models.default("tiny") is one
+        assert state.reason is not None and state.reason.startswith(
+            "tiny@2: canary completion canary-tiny@2-json under its output schema " + reason)
+
+
+async def test_a_restart_serves_again_the_versions_the_last_rollout_left_serving(
+    tmp_path: Path,
+) -> None:
+    # tiny@1 and tiny@2 serve (a versioned rollout 1 -> 2); a red-black 2 -> 3 is cut short.
+    save(tmp_path, RolloutState("tiny", "3", "2", Strategy.RED_BLACK, phase=Phase.SHIFTING,
+                                percent=50, serving=["1", "2"]))
+    settings = served_after_restart(Settings(profile="tiny", data_dir=tmp_path))
+    models, built = ModelRegistry("tiny"), []
+    two = ServedVersion("tiny", "2", "tiny", tmp_path / "versions/2", Stage(), owned=False)
+    models.add(two, default=True)
+
+    def build(version: Settings) -> Stage:
+        built.append(version.model_version)
+        return Stage(refused=None if version.model_version == "1" else "not built")
+
+    rollouts = Rollouts(models, settings, build=build)
+    rollouts.recover()
+    await asyncio.gather(*rollouts.restore())
+    one = models.get("tiny@1")
+    assert settings.model_version == "2" and built == ["1"]  # not tiny@3, cut short
+    assert one is not None and one.pipeline.running and one.owned
+    assert models.resolve("tiny@1") is one and models.default("tiny") is two
+    await rollouts.retire("tiny@1")  # no longer served: a next restart leaves it
+    assert _serving(tmp_path) == ["2"] and not one.pipeline.running
+
+    # A version that cannot start again is served no more, and no longer restored.
+    save(tmp_path, RolloutState("tiny", "2", "4", Strategy.VERSIONED, phase=Phase.DONE,
+                                serving=["2", "4"]))
+    rollouts = Rollouts(models, settings, build=build)
+    rollouts.recover()
+    await asyncio.gather(*rollouts.restore())
+    assert built == ["1", "4"] and models.get("tiny@4") is None
+    assert _serving(tmp_path) == ["2"]
+    # A server started on another version than the one the state left (a flag): it alone.
+    assert Rollouts(ModelRegistry("tiny"), settings, build=build).restore() == []
+
+
+def _serving(data_dir: Path) -> list[str]:
+    state = load(data_dir)
+    assert state is not None
+    return state.serving
+
+
+async def test_readyz_forgets_a_failed_start_once_a_rollout_replaced_its_version(
+    tmp_path: Path,
+) -> None:
+    first = Stage(refused="refusing tiny version 1: file thinker/x does not match its sha256")
+    app = create_app(Settings(profile="tiny", data_dir=tmp_path), pipeline=first)
+    async with serve(app) as served, httpx.AsyncClient(base_url=served.url) as http:
+        for _ in range(200):  # the start gives up in the background
+            ready = await http.get("/readyz")
+            if "pipeline" in ready.json()["stages"]:
+                break
+            await asyncio.sleep(0.05)
+        assert ready.status_code == 503 and "does not match" in ready.json()["detail"]
+        two = ServedVersion("tiny", "2", "tiny", tmp_path / "versions/2",
+                            Stage(np.full(2400, 0.1, np.float32)), owned=False)
+        two.pipeline.go.set()
+        app.state.models.add(two)
+        app.state.rollouts.times = RolloutTimes(canary_timeout_s=10, step_s=0)
+        app.state.rollouts.begin("tiny@2", Strategy.VERSIONED)
+        assert (await app.state.rollouts.wait()).phase == Phase.DONE
+        assert (await http.get("/readyz")).json()["stages"]["voicebox"]["state"] == "ready"
+        listing = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+        assert listing["tiny@1"]["stages"]["pipeline"]["state"] == "failed"  # still its own
+        assert listing["tiny@2"]["ready"] and listing["tiny@2"]["default"]

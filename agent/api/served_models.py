@@ -97,12 +97,13 @@ def served_version(settings: Any, pipeline: Any, owned: bool) -> ServedVersion |
 
 
 def readiness_of(app: FastAPI, model: ServedModel) -> Readiness:
-    """The readiness of a version's stages: the app's own for the version it started with (it
-    knows why that start failed), else its pipeline's."""
-    if model.pipeline is app.state.pipeline:
-        readiness: Readiness = app.state.readiness
-        return readiness
-    return Readiness(model.pipeline)
+    """The readiness of a version's stages: its pipeline's, with why its start gave up for the
+    version the app started with (the app heard it; that version may no longer be the
+    default, whose stages the app's own readiness follows)."""
+    readiness = Readiness(model.pipeline)
+    if model.pipeline is app.state.pipeline and app.state.readiness.failed_start:
+        readiness.start_failed(app.state.readiness.failed_start)
+    return readiness
 
 
 def resolve(app: FastAPI, model_id: str) -> ServedModel | None:

@@ -39,12 +39,20 @@ class Readiness:
         self.pipeline = pipeline
         self.admission = admission
         self.draining = False
-        self.start_failure: str | None = None
+        self.failed_start: str | None = None  # why the start gave up, as heard
+        self._failure_applies: Callable[[], bool] = lambda: True
 
-    def start_failed(self, reason: str) -> None:
+    def start_failed(self, reason: str, applies: Callable[[], bool] | None = None) -> None:
         """The pipeline's start gave up (a model version refused, a build failed): no stage will
-        come up until an operator acts, and /readyz says why."""
-        self.start_failure = reason
+        come up until an operator acts, and /readyz says why, while `applies()` (by default
+        always; a rollout to another version, which started, ends it)."""
+        self.failed_start = reason
+        self._failure_applies = applies or (lambda: True)
+
+    @property
+    def start_failure(self) -> str | None:
+        """Why the start of the pipeline serving now gave up, or None."""
+        return self.failed_start if self._failure_applies() else None
 
     def drain(self) -> None:
         """From now on refuse new calls; a plain flag, so a signal handler may call it."""
@@ -53,8 +61,9 @@ class Readiness:
     def stages(self) -> dict[str, dict[str, Any]]:
         if self.pipeline is None:
             return {}
-        if self.start_failure is not None:
-            return {"pipeline": {"state": "failed", "reason": self.start_failure, "restarts": 0}}
+        failure = self.start_failure
+        if failure is not None:
+            return {"pipeline": {"state": "failed", "reason": failure, "restarts": 0}}
         stages = self.pipeline.health().stages
         if not stages:
             return {"pipeline": {"state": "starting", "reason": "preparing models and workers",

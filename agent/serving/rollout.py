@@ -1,7 +1,8 @@
 """Rollouts of a new model version onto the running server, and retiring a version.
 
 versioned: the new version's workers start beside the old, are checked (ready, then canary
-turns that must speak), and it becomes its name's default: unpinned new callers get it, callers
+turns that must speak, and for a version that declares an output schema a completion that must
+be valid JSON for it), and it becomes its name's default: unpinned new callers get it, callers
 pinned to the old keep it until an operator retires it. red-black: the same start and checks,
 then new callers shift to it in steps (each step re-checks it), the old takes no new caller and
 drains (calls on it finish there), then its workers stop. A failed check rolls back at once:
@@ -13,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from agent.config import Settings
 from agent.profiles import build_pipeline
-from agent.serving.canary import CanaryFailed, canary_turn
+from agent.serving.canary import CanaryFailed, canary_json, canary_turn
 from agent.serving.registry import ModelRegistry, ServedVersion, VersionState
 from agent.serving.rollout_state import Phase, RolloutState, Strategy, load, save
-from pipeline.model_versions import version_root
+from pipeline.model_versions import declared_output_schema, version_root
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -53,16 +55,19 @@ class Rollouts:
     """The server's one rollout at a time (and the last one's state), and retiring versions."""
 
     def __init__(self, models: ModelRegistry, settings: Settings,
-                 times: RolloutTimes | None = None) -> None:
+                 times: RolloutTimes | None = None,
+                 build: Callable[[Settings], Any] = build_pipeline) -> None:
         self.models = models
         self.settings = settings
         self.times = times or RolloutTimes()
+        self.build = build  # a version's pipeline from its settings (not started)
         self.state: RolloutState | None = None
         self._task: asyncio.Task[None] | None = None
         self._started: set[ServedVersion] = set()  # what a rollout started: stops with the app
         # Versions taken out of service whose workers are not the registry's to stop (the app
         # was handed a pipeline it does not own): a rollout back to one serves it again.
         self._parked: dict[str, ServedVersion] = {}
+        self._restoring: list[asyncio.Task[None]] = []  # versions served again after a restart
 
     # -- starting one ---------------------------------------------------------------------
 
@@ -87,6 +92,7 @@ class Rollouts:
             raise RolloutRefused(400, "invalid_canary_turns", "canary_turns must be 1..10")
         self.state = RolloutState(name, version, current.version, strategy,
                                   _steps(steps, strategy), canary_turns)
+        self._settle(self.state)  # what a restart before it is over serves again
         self._task = asyncio.create_task(self._run(self.state))
         return self.state
 
@@ -110,7 +116,7 @@ class Rollouts:
                  state.strategy)
         try:
             if new is None:
-                new, started_here = self._add(state), True
+                new, started_here = self._add(state.name, state.target), True
                 await self._start(state, new)
             await self._check(state, new)
             if state.strategy == Strategy.RED_BLACK:
@@ -128,16 +134,19 @@ class Rollouts:
         if state.strategy == Strategy.RED_BLACK and old is not None:
             self._phase(state, Phase.DRAINING)
             await self._drain(old, new)
+        self._settle(state)
         self._phase(state, Phase.DONE)
         log.info("rollout to %s done", state.target_id)
 
-    def _add(self, state: RolloutState) -> ServedVersion:
-        """The new version, its pipeline built (not started) and listed as starting."""
-        settings = self.settings.model_copy(update={"model_version": state.target})
-        pipeline = build_pipeline(settings)
-        new = ServedVersion(state.name, state.target, pipeline.settings.family,
-                            version_root(settings.models_dir, state.target), pipeline,
-                            owned=True, state=VersionState.STARTING)
+    def _add(self, name: str, version: str,
+             serving: VersionState = VersionState.STARTING) -> ServedVersion:
+        """A version new to the registry, its pipeline built (not started) and listed in
+        state `serving` (a rollout's new version: starting)."""
+        settings = self.settings.model_copy(update={"model_version": version})
+        pipeline = self.build(settings)
+        new = ServedVersion(name, version, pipeline.settings.family,
+                            version_root(settings.models_dir, version), pipeline,
+                            owned=True, state=serving)
         self.models.add(new)
         self._started.add(new)
         return new
@@ -153,7 +162,8 @@ class Rollouts:
             raise CheckFailed(f"{new.id} did not start: {exc}") from None
 
     async def _check(self, state: RolloutState, new: ServedVersion) -> None:
-        """Readiness, then the canary turns: each must end with audible speech."""
+        """Readiness, then the canary turns: each must end with audible speech; then, for a
+        version that declares an output schema, a completion guided by it: valid JSON for it."""
         self._phase(state, Phase.CHECKING)
         if new.state != VersionState.SERVING:  # one already serving keeps its pinned callers
             new.state = VersionState.CHECKING
@@ -169,6 +179,14 @@ class Rollouts:
             state.canary.append({"turn": n + 1, "audio_ms": result.audio_ms,
                                  "first_audio_s": result.first_audio_s,
                                  "seconds": result.seconds})
+            self._save(state)
+        schema = await asyncio.to_thread(declared_output_schema, new.root, new.family)
+        if schema is not None:
+            try:
+                state.canary_json = await canary_json(new.pipeline, f"canary-{new.id}-json",
+                                                      schema, self.times.canary_timeout_s)
+            except CanaryFailed as exc:
+                raise CheckFailed(f"{new.id}: {exc}") from None
             self._save(state)
 
     async def _shift(self, state: RolloutState, new: ServedVersion) -> None:
@@ -261,6 +279,7 @@ class Rollouts:
             await self._remove(new, old)
         elif new is not None:
             new.state = VersionState.SERVING
+        self._settle(state)
         self._phase(state, Phase.ROLLED_BACK)
 
     # -- retiring -------------------------------------------------------------------------
@@ -286,6 +305,9 @@ class Rollouts:
                                  "their next turn)")
         served.state = VersionState.DRAINING
         moved = await self._remove(served, default)
+        if self.state is not None and self.state.name == served.name:
+            self._settle(self.state)
+            self._save(self.state)
         return {"object": "model.retired", "id": model_id, "calls_moved": moved,
                 "workers_stopped": served.owned}
 
@@ -294,6 +316,11 @@ class Rollouts:
     def _phase(self, state: RolloutState, phase: Phase) -> None:
         state.phase = phase
         self._save(state)
+
+    def _settle(self, state: RolloutState) -> None:
+        """Note the versions of its name serving now: what a restart serves again."""
+        state.serving = sorted((v.version for v in self.models.versions()
+                                if v.name == state.name), key=int)
 
     def _save(self, state: RolloutState) -> None:
         try:  # a few hundred bytes: written inline, as the records' small writes
@@ -313,8 +340,41 @@ class Rollouts:
             log.warning("rollout to %s: %s", state.target_id, state.reason)
         self.state = state
 
+    def restore(self) -> list[asyncio.Task[None]]:
+        """At start, after `recover`: the versions the last rollout left serving beside its
+        default serve again (their workers start in the background, as the default's do), so
+        callers pinned to them keep them across a restart. Only when this server serves that
+        default (a version chosen by flag or environment instead: it alone). The starts."""
+        state = self.state
+        default = None if state is None else self.models.default(state.name)
+        if state is None or default is None or default.version != state.default:
+            return []
+        for version in state.serving:
+            if self.models.get(f"{state.name}@{version}") is None:
+                served = self._add(state.name, version, VersionState.SERVING)
+                self._restoring.append(asyncio.create_task(self._serve_again(served, default)))
+        return self._restoring
+
+    async def _serve_again(self, served: ServedVersion, default: ServedVersion) -> None:
+        """Start a restored version's workers; one that cannot start is served no more (its
+        pinned callers get 404 naming the versions served), saying why."""
+        try:
+            await asyncio.wait_for(served.pipeline.start(), self.times.start_timeout_s)
+            log.info("%s serves again after the restart, beside %s", served.id, default.id)
+            return
+        except Exception as exc:  # not built any more, a file changed, too slow: one line
+            log.error("%s, served before the restart, cannot start again: %s", served.id,
+                      str(exc) or repr(exc))
+        await self._remove(served, default)
+        if self.state is not None:
+            self._settle(self.state)
+            self._save(self.state)
+
     async def close(self) -> None:
         """The app stops: a rollout in progress rolls back, versions it started stop."""
+        for restoring in self._restoring:
+            restoring.cancel()
+        await asyncio.gather(*self._restoring, return_exceptions=True)
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

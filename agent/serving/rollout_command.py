@@ -111,12 +111,15 @@ def _client(args: argparse.Namespace) -> httpx.Client:
 
 def _progress(state: dict[str, Any], seen: str) -> str:
     """Print what changed in the rollout's state (its phase, the share moved, each canary
-    turn); what has been printed, as a key."""
+    turn, the canary completion); what has been printed, as a key."""
     phase = state["phase"]
     if phase == "shifting":
         phase += f": {state['percent']}% of new calls to {state['target']}"
     canary = [f"canary turn {turn['turn']} spoke {turn['audio_ms']} ms (first audio after "
               f"{turn['first_audio_s']} s)" for turn in state["canary"]]
+    if state.get("canary_json"):
+        canary.append(f"canary completion valid for its output schema "
+                      f"({state['canary_json']['tokens']} tokens)")
     # In the order they happened, whichever poll saw them first.
     lines = [phase, *canary] if state["phase"] in ("starting", "checking") else [*canary, phase]
     for line in lines:

@@ -50,6 +50,11 @@ class RolloutState:
     percent: int = 0  # of new unpinned callers sent to the target now
     reason: str | None = None  # why it rolled back
     canary: list[dict[str, Any]] = field(default_factory=list)  # each canary turn's figures
+    # The canary completion under the version's declared output schema (None: it declares none)
+    canary_json: dict[str, Any] | None = None
+    # The versions of `name` serving once it settled (before it, while it runs; after it once
+    # over; a retire since): what a restarted server serves again beside the default.
+    serving: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
 
@@ -60,6 +65,12 @@ class RolloutState:
     @property
     def previous_id(self) -> str:
         return f"{self.name}@{self.previous}"
+
+    @property
+    def default(self) -> str:
+        """The default it leaves: its target once done, else (cut short by a restart, or
+        rolled back) the version it replaced."""
+        return self.target if self.phase == Phase.DONE else self.previous
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "target": self.target_id, "previous": self.previous_id,
@@ -99,14 +110,14 @@ def load(directory: Path | None) -> RolloutState | None:
 
 def served_after_restart(settings: Settings) -> Settings:
     """The settings a restarted server serves with: unless `model_version` is set (flag or
-    environment: it wins), the version the last rollout of this profile left as the default,
-    its target once done, else (cut short by the restart, or rolled back) the one it replaced."""
+    environment: it wins), the version the last rollout of this profile left as the default
+    (rollout.py's `restore` then serves the others it left serving)."""
     if "model_version" in settings.model_fields_set:
         return settings
     state = load(settings.data_dir)
     if state is None or state.name != settings.profile:
         return settings
-    version = state.target if state.phase == Phase.DONE else state.previous
+    version = state.default
     if version != settings.model_version:
         log.info("serving %s@%s, the default the last rollout (%s, %s) left", state.name,
                  version, state.target_id, state.phase)
