@@ -2,12 +2,16 @@
 pipeline takes the connection; the conversation itself is tested in
 test_openai_sdk_realtime.py): an API key or a client secret as a bearer token, a client secret
 (never a key) in the browser's `openai-insecure-api-key.` subprotocol, once; a call's sideband
-with a key only; a client sending audio faster than real time gets an `error` event and is
-disconnected."""
+with a key only; a client sending audio faster than real time, or one that stops reading while
+the agent talks, gets an `error` event and is disconnected."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
+import json
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,9 @@ import websockets
 from websockets.asyncio.client import connect
 
 from agent.app import create_app
+from agent.calls.websocket_call import WebSocketCall
 from agent.config import Settings
+from tests.product_calls import wait_until
 from tests.served import Served, serve
 
 KEY = "test-key-0123456789abcdef"
@@ -109,3 +115,83 @@ async def test_a_client_sending_audio_faster_than_real_time_is_disconnected(
     assert len(served.app.state.calls) == 0
     row = await served.app.state.records.call_record(events[0].session.id)
     assert row is not None and row["end_reason"] == "input_audio_too_fast"
+
+
+SEND_BUFFER = 64 * 1024  # the smallest ws_send_buffer_bytes
+REPLY_S = 60  # the stand-in's reply: 3.8 MB of audio deltas
+
+
+class LongReply:
+    """A stand-in for the conversation (no engines): every `response.create` is answered with
+    REPLY_S of noise (a tone's deltas would shrink to little under permessage-deflate), played
+    as the session plays a reply (`call.play`: all of it due at once, outbound_queue_ms
+    allowing)."""
+
+    def __init__(self, call: WebSocketCall) -> None:
+        self.call = call
+
+    def on_client_event(self, event: Any) -> None:
+        if event.type == "response.create":
+            noise = np.random.default_rng(7).integers(-3000, 3000, REPLY_S * 24_000, np.int16)
+            self.call.spawn(self.call.play(f"resp_{id(event)}", "item_1", noise, 24_000))
+
+    def on_speech_started(self, *_: Any) -> None: ...
+    def on_speech_stopped(self, *_: Any) -> None: ...
+    def on_speech_paused(self, *_: Any) -> None: ...
+    def on_speech_resumed(self, *_: Any) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+@pytest.fixture
+async def talkative(tmp_path: Path) -> AsyncIterator[Served]:
+    settings = Settings(data_dir=tmp_path, api_keys=[KEY], ws_send_buffer_bytes=SEND_BUFFER,
+                        outbound_queue_ms=2 * REPLY_S * 1000)
+    async with serve(create_app(settings, handler_factory=LongReply),
+                     send_buffer=16 * 1024) as server:
+        yield server
+
+
+def small_buffer_socket(served: Served) -> socket.socket:
+    """A TCP connection to the server that holds little unread (4 KiB asked of the kernel)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", int(served.url.rsplit(":", 1)[1])))
+    sock.setblocking(False)
+    return sock
+
+
+async def test_a_client_that_never_reads_is_disconnected_and_others_go_on(
+    talkative: Served,
+) -> None:
+    """A client asks for a reply and never reads: the events waiting for it stay within
+    ws_send_buffer_bytes, then it is disconnected (`client_not_reading` in its record), having
+    been sent a small part of the reply; a client reading beside it hears its reply on."""
+    calls = talkative.app.state.calls
+    auth = {"Authorization": f"Bearer {KEY}"}
+    async with (connect(ws_url(talkative), additional_headers=auth) as reader,
+                connect(ws_url(talkative), additional_headers=auth, max_queue=1,
+                        sock=small_buffer_socket(talkative)) as stuck):
+        await wait_until(lambda: len(calls) == 2, 10, "both calls")
+        reader_call, stuck_call = sorted(calls, key=lambda call: call.started_at)
+        await stuck.send(json.dumps({"type": "response.create"}))
+        await reader.send(json.dumps({"type": "response.create"}))
+        most_waiting = 0
+        while stuck_call in calls:  # the reader reads, the stuck client never does
+            most_waiting = max(most_waiting, stuck_call.events_waiting_bytes)
+            await asyncio.wait_for(reader.recv(), 10)
+        assert reader_call in calls
+        deltas = 0
+        while deltas < 3:  # the reader's reply goes on
+            event = json.loads(await asyncio.wait_for(reader.recv(), 10))
+            deltas += event["type"] == "response.output_audio.delta"
+        got = 0  # what reached the stuck client before it was cut off (the error may not:
+        with contextlib.suppress(websockets.ConnectionClosed):  # it was not reading)
+            async for message in stuck:
+                got += len(message)
+    reply = REPLY_S * 24_000 * 2 * 4 // 3
+    print(f"\n[ws-bounds] most events waiting {most_waiting} B; the stuck client got {got} B "
+          f"of a {reply} B reply")
+    assert most_waiting <= SEND_BUFFER
+    assert got < reply // 4
+    row = await talkative.app.state.records.call_record(stuck_call.id)
+    assert row is not None and row["end_reason"] == "client_not_reading"

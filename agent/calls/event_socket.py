@@ -25,6 +25,11 @@ class EventSocket:
         self._bytes = 0
         self._wake = asyncio.Event()
 
+    @property
+    def waiting_bytes(self) -> int:
+        """The events queued and not yet written (what the bound holds)."""
+        return self._bytes
+
     def send(self, text: str) -> bool:
         """Queue `text`; False (and nothing queued) when that would pass the bound."""
         if self._bytes + len(text) > self.limit_bytes:

@@ -39,6 +39,16 @@ log = logging.getLogger(__name__)
 
 POLICY_VIOLATION = 1008  # WebSocket close code: the client broke a limit
 DELTA_MS = 200  # the agent's audio goes out in deltas of at most this much
+DELTA_BYTES_PER_MS = WIRE_RATE * 2 * 4 // 3 // 1000  # a delta's base64 pcm16 per ms of audio
+
+
+def audio_lead_ms(settings: Settings) -> int:
+    """How far ahead of playback the agent's audio may be sent: outbound_queue_ms, but never
+    more than half the send buffer holds. A reply's audio is queued in one go as far as the
+    lead allows, so a longer lead would overflow the buffer of a client that reads, and it
+    would be taken for one that does not."""
+    fits = settings.ws_send_buffer_bytes // 2 // DELTA_BYTES_PER_MS
+    return max(DELTA_MS, min(settings.outbound_queue_ms, fits))
 
 
 class WebSocketCall(CallBase):
@@ -49,7 +59,7 @@ class WebSocketCall(CallBase):
     def __init__(self, settings: Settings, *args: Any, **kwargs: Any) -> None:
         super().__init__(settings, *args, **kwargs)
         self.max_message_bytes = settings.ws_max_message_bytes
-        self.outbound = PlayoutClock(settings.outbound_queue_ms)
+        self.outbound = PlayoutClock(audio_lead_ms(settings))
         self._socket: WebSocket | None = None
         self._events: EventSocket | None = None
         self._ended = asyncio.Event()
@@ -83,6 +93,11 @@ class WebSocketCall(CallBase):
             self._events.clear()
             self._refuse("client_not_reading", f"the client left over "
                          f"{self.settings.ws_send_buffer_bytes} bytes of events unread")
+
+    @property
+    def events_waiting_bytes(self) -> int:
+        """Server events queued for the client, not yet written to its socket."""
+        return self._events.waiting_bytes if self._events is not None else 0
 
     async def play(self, response_id: str, item_id: str, pcm: np.ndarray, rate: int) -> None:
         """A reply's audio goes to the client as `response.output_audio.delta` events, at most
