@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import numpy as np
 from aiortp.codecs import PcmuCodec
 
 from tests.audio_fixtures import ESPEAK, SOX
+from tests.conftest import REPO
 
 SIPP = shutil.which("sipp") or "/usr/bin/sipp"  # Debian's sip-tester (Makefile: SYSTEM_PACKAGES)
 SCENARIOS = Path(__file__).resolve().parent / "sipp"
@@ -56,12 +60,14 @@ def free_port(kind: int = socket.SOCK_DGRAM, also_tcp: bool = False) -> int:
 
 @dataclass
 class RtpRecorder(asyncio.DatagramProtocol):
-    """Counts the RTP packets sent to the phone and how many carried sound (PCMU decoded)."""
+    """Counts the RTP packets sent to the phone and how many carried sound (PCMU decoded), and
+    keeps the PCMU payloads by RTP timestamp (`audio` lays them out)."""
 
     packets: int = 0
     loud: int = 0
     payload_types: set[int] = field(default_factory=set)
     loud_by_source: Counter[int] = field(default_factory=Counter)  # by SSRC: one per call
+    payloads: dict[int, bytes] = field(default_factory=dict)  # PCMU by RTP timestamp
     _codec: PcmuCodec = field(default_factory=PcmuCodec)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
@@ -71,10 +77,28 @@ class RtpRecorder(asyncio.DatagramProtocol):
         payload_type = data[1] & 0x7F
         self.payload_types.add(payload_type)
         if payload_type == 0:
-            pcm = np.frombuffer(self._codec.decode(data[12:]), "<i2")
+            self.payloads[int.from_bytes(data[4:8], "big")] = data[12:]
+            pcm = self.pcmu(data[12:])
             if pcm.size and int(np.abs(pcm.astype(np.int32)).max()) > LOUD:
                 self.loud += 1
                 self.loud_by_source[int.from_bytes(data[8:12], "big")] += 1
+
+
+    def audio(self, decode: Callable[[bytes], np.ndarray] | None = None) -> np.ndarray:
+        """What the phone heard (one call), 8 kHz int16 laid out by RTP timestamp, lost packets
+        as silence; each payload decoded as PCMU unless another `decode` is given."""
+        if not self.payloads:
+            return np.zeros(0, np.int16)
+        decode = decode or self.pcmu
+        first = min(self.payloads)
+        end = max(at - first + len(p) for at, p in self.payloads.items())
+        audio = np.zeros(end, np.int16)
+        for at, payload in self.payloads.items():
+            audio[at - first:at - first + len(payload)] = decode(payload)
+        return audio
+
+    def pcmu(self, payload: bytes) -> np.ndarray:
+        return np.frombuffer(self._codec.decode(payload), "<i2")
 
 
 @contextlib.asynccontextmanager
@@ -114,3 +138,35 @@ async def sipp_result(sipp: asyncio.subprocess.Process, timeout_s: float) -> tup
     """SIPp's exit status and the end of its output (its screen and errors)."""
     out, _ = await asyncio.wait_for(sipp.communicate(), timeout_s)
     return int(sipp.returncode or 0), out.decode(errors="replace")[-3000:]
+
+
+@contextlib.asynccontextmanager
+async def running_bridge(server_url: str, *extra: str) -> AsyncIterator[str]:
+    """`omnivox sip` (its own process, `extra` flags added) on a loopback port, bridging to
+    `server_url`, for the block: its HOST:PORT. Its log is echoed (shown for failures)."""
+    port = free_port(also_tcp=True)
+    rtp = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent.cli", "sip", "--listen", f"127.0.0.1:{port}",
+        "--server", server_url, "--rtp-ports", f"{rtp}-{rtp + 40}", *extra,
+        cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    assert process.stdout is not None
+    seen: list[str] = []
+    while not any("omnivox sip: listening" in line for line in seen):
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert line, f"omnivox sip exited ({await process.wait()}): {''.join(seen)}"
+        seen.append(line)
+    drain = asyncio.create_task(_echo(process.stdout))
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        drain.cancel()
+
+
+async def _echo(stream: asyncio.StreamReader) -> None:
+    """Read the bridge's log as it comes (a full pipe would block it)."""
+    while line := await stream.readline():
+        print("bridge:", line.decode().rstrip())

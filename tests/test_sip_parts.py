@@ -3,14 +3,26 @@ answers to re-INVITEs (real aiortp RTP sessions on loopback)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from aiortp import PortAllocator
-from aiosipua import SdpNegotiationError, parse_sdp
+from aiosipua import SdpNegotiationError, SipDigestAuth, SipRequest, parse_sdp
+from aiosipua.auth import build_credentials
+from aiosipua.headers import parse_auth, stringify_auth
 
+from agent.sip.digest import NONCE_TTL_S, DigestGuard
 from agent.sip.phone_leg import PhoneLeg, PhoneOfferError
 from agent.sip.phone_track import FRAME_BYTES, FRAME_SAMPLES, QUEUED_FRAMES, PhoneAudioTrack
 from agent.sip.reinvite import renegotiate
-from agent.sip.settings import BridgeSettings, BridgeSettingsError, listen_address, port_range
+from agent.sip.settings import (
+    BridgeSettings,
+    BridgeSettingsError,
+    auth_user,
+    listen_address,
+    port_range,
+    read_auth_file,
+)
 from tests.sip_phone import free_port
 
 
@@ -88,3 +100,43 @@ async def test_reinvite_hold_keeps_codec_and_raises_the_version() -> None:
             renegotiate(parse_sdp(offer("8 101")), leg, "127.0.0.1")
     finally:
         await leg.close()
+
+
+def authorised_invite(guard: DigestGuard, user: str, password: str,
+                      challenge: str | None = None) -> SipRequest:
+    """An INVITE with the credentials aiosipua's client side computes for `guard`'s
+    challenge (or another one)."""
+    uri = "sip:1000@127.0.0.1"
+    credentials = build_credentials(SipDigestAuth(user, password),
+                                    parse_auth(challenge or guard.challenge()), "INVITE", uri)
+    assert credentials is not None
+    invite = SipRequest(method="INVITE", uri=uri)
+    invite.set_header("Authorization", stringify_auth(credentials))
+    return invite
+
+
+def test_digest_guard_admits_the_right_password_only() -> None:
+    now = [1_000_000.0]
+    guard = DigestGuard({"alice": "s3cret"}, clock=lambda: now[0])
+    assert 'qop="auth"' in guard.challenge() and 'realm="omnivox"' in guard.challenge()
+    assert guard.admits(authorised_invite(guard, "alice", "s3cret"))
+    assert not guard.admits(SipRequest(method="INVITE", uri="sip:1000@127.0.0.1"))
+    assert not guard.admits(authorised_invite(guard, "alice", "wrong"))
+    assert not guard.admits(authorised_invite(guard, "mallory", "s3cret"))
+    other = DigestGuard({"alice": "s3cret"}, clock=lambda: now[0])  # another key: its nonces
+    assert not guard.admits(authorised_invite(guard, "alice", "s3cret", other.challenge()))
+    stale = authorised_invite(guard, "alice", "s3cret")
+    now[0] += NONCE_TTL_S + 1
+    assert not guard.admits(stale)
+
+
+def test_auth_users_from_flags_and_a_file(tmp_path: Path) -> None:
+    assert auth_user("alice:pa:ss") == ("alice", "pa:ss")
+    with pytest.raises(BridgeSettingsError, match="USER:PASSWORD"):
+        auth_user("alice")
+    users = tmp_path / "users"
+    users.write_text("# phones\nalice:one\n\nbob:two\n")
+    assert read_auth_file(users) == {"alice": "one", "bob": "two"}
+    users.write_text("alice:one\nbob\n")
+    with pytest.raises(BridgeSettingsError, match="line 2"):
+        read_auth_file(users)

@@ -13,9 +13,11 @@ from typing import Any
 from agent.sip.listener import SipListener
 from agent.sip.settings import (
     BridgeSettings,
+    auth_user,
     listen_address,
     number_session,
     port_range,
+    read_auth_file,
     read_session,
 )
 
@@ -43,6 +45,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                      "profile defaults)")
     sip.add_argument("--number", action="append", default=[], metavar="NUMBER=FILE",
                      help="the session of calls to NUMBER (the INVITE's user part); repeatable")
+    sip.add_argument("--auth", action="append", default=[], metavar="USER:PASSWORD",
+                     help="digest auth: INVITEs must carry this user's credentials (401 "
+                     "challenge otherwise); repeatable")
+    sip.add_argument("--auth-file", type=Path, default=None, metavar="FILE",
+                     help="digest auth users as USER:PASSWORD lines (kept off the command line)")
+    sip.add_argument("--realm", default="omnivox", help="the digest auth realm (default: omnivox)")
     return sip
 
 
@@ -55,7 +63,10 @@ def bridge_settings(args: argparse.Namespace) -> BridgeSettings:
         api_key=args.api_key, media_ip=args.media_ip, rtp_ports=port_range(args.rtp_ports),
         transports=transports, max_calls=args.max_calls,
         session=read_session(args.session) if args.session else None,
-        number_sessions=dict(number_session(text) for text in args.number))
+        number_sessions=dict(number_session(text) for text in args.number),
+        auth_users={**(read_auth_file(args.auth_file) if args.auth_file else {}),
+                    **dict(auth_user(text) for text in args.auth)},
+        auth_realm=args.realm)
 
 
 def run(settings: BridgeSettings) -> int:

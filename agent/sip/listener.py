@@ -15,6 +15,7 @@ from aiosipua import IncomingCall, SipRequest, SipUAS
 from aiosipua.transport import SipTransport
 
 from agent.sip.bridged_call import BridgedCall
+from agent.sip.digest import DigestGuard
 from agent.sip.reinvite import answer_reinvite
 from agent.sip.settings import BridgeSettings
 from agent.sip.tcp_transport import TcpTransport
@@ -35,6 +36,8 @@ class SipListener:
         self._ports = PortAllocator(settings.rtp_ports)
         self._uas: list[SipUAS] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._guard = (DigestGuard(settings.auth_users, settings.auth_realm)
+                       if settings.auth_users else None)
 
     async def start(self) -> None:
         address = (self.settings.listen_host, self.settings.listen_port)
@@ -61,6 +64,13 @@ class SipListener:
             await uas.stop()
 
     def _on_invite(self, sip: IncomingCall) -> None:
+        if self._guard is not None and not self._guard.admits(sip.invite):
+            log.info("call %s: no valid credentials; 401 with a challenge", sip.call_id)
+            # IncomingCall.reject() sends no extra headers: the same, with WWW-Authenticate.
+            sip._send_response(401, "Unauthorized",
+                               extra_headers={"WWW-Authenticate": self._guard.challenge()})
+            sip.dialog.terminate()
+            return
         if len(self.calls) >= self.settings.max_calls:
             log.warning("call %s refused: %d calls live", sip.call_id, len(self.calls))
             sip.reject(486, "Busy Here")

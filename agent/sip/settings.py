@@ -28,6 +28,8 @@ class BridgeSettings:
     connect_timeout_s: float = 10.0
     session: dict[str, Any] | None = None  # every call's session (None: the server's defaults)
     number_sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    auth_users: dict[str, str] = field(default_factory=dict, repr=False)  # none: no digest auth
+    auth_realm: str = "omnivox"
 
     def __post_init__(self) -> None:
         if self.listen_host in WILDCARDS and not self.media_ip:
@@ -91,3 +93,29 @@ def number_session(text: str) -> tuple[str, dict[str, Any]]:
     if not sep or not number or not path:
         raise BridgeSettingsError(f"--number must be NUMBER=SESSION.json, got {text!r}")
     return number, read_session(Path(path))
+
+
+def auth_user(text: str) -> tuple[str, str]:
+    """USER:PASSWORD, a phone that may call when digest auth is on."""
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise BridgeSettingsError("--auth must be USER:PASSWORD")  # never echo a password
+    return user, password
+
+
+def read_auth_file(path: Path) -> dict[str, str]:
+    """USER:PASSWORD lines (blank lines and # comments skipped)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise BridgeSettingsError(f"auth file {path}: {exc}") from None
+    users: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            try:
+                user, password = auth_user(line.strip())
+            except BridgeSettingsError:
+                raise BridgeSettingsError(f"auth file {path}, line {number}: USER:PASSWORD "
+                                          "expected") from None
+            users[user] = password
+    return users
