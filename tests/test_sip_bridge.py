@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import REPO
 from tests.product_calls import wait_until
 from tests.served import Served
-from tests.sip_phone import free_port, phone_speech, recording_rtp, sipp_call, sipp_result
+from tests.sip_phone import phone_speech, recording_rtp, running_bridge, sipp_call, sipp_result
 
 pytestmark = pytest.mark.engines
 
@@ -40,30 +37,8 @@ def phone_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 async def bridge(shared_tiny_server: Served) -> AsyncIterator[str]:
     """`omnivox sip` on a loopback port, bridging to the shared tiny server: its HOST:PORT."""
-    port = free_port(also_tcp=True)
-    rtp = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.cli", "sip", "--listen", f"127.0.0.1:{port}",
-        "--server", shared_tiny_server.url, "--rtp-ports", f"{rtp}-{rtp + 40}",
-        cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    assert process.stdout is not None
-    seen: list[str] = []
-    while not any("omnivox sip: listening" in line for line in seen):
-        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-        assert line, f"omnivox sip exited ({await process.wait()}): {''.join(seen)}"
-        seen.append(line)
-    drain = asyncio.create_task(_drain(process.stdout))
-    yield f"127.0.0.1:{port}"
-    process.send_signal(signal.SIGTERM)
-    assert await asyncio.wait_for(process.wait(), 30) == 0
-    drain.cancel()
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    """Read the bridge's log as it comes (a full pipe would block it); echoed for failures."""
-    while line := await stream.readline():
-        print("bridge:", line.decode().rstrip())
+    async with running_bridge(shared_tiny_server.url) as address:
+        yield address
 
 
 def live_calls(served: Served) -> list[str]:
