@@ -35,6 +35,15 @@ what upstream offers or could offer instead:
 - `RTCSctpTransport._data_channel_queue`, `_data_channel_flush()` and
   `RTCDataChannel._addBufferedAmount()`: tests send text messages that are not UTF-8, which
   `RTCDataChannel.send` (rightly) cannot produce, by queuing them the way it queues a message.
+- `aiortc.codecs.CODECS["audio"]` (the codecs every peer connection negotiates from; aiortc's
+  peer connection reads the same list): `telephone-event` (RFC 4733 DTMF) is added so offers
+  from SIP bridges and browsers get it accepted in the answer. aiortc has no way to register
+  a codec; upstream could take extra codecs in RTCConfiguration.
+- `RTCRtpReceiver._handle_rtp_packet` again: telephone-event packets are taken out before
+  aiortc's handler, which would hand them to its jitter buffer and then to a decoder that
+  does not exist for them. Upstream would need RTCDTMFSender's receiving counterpart.
+- `RTCDtlsTransport._send_rtp` (a coroutine method): sends DTMF as raw RTP (SRTP-protected
+  by the transport). W3C's `RTCRtpSender.dtmf` (RTCDTMFSender) would do it; aiortc has none.
 """
 
 from __future__ import annotations
@@ -50,12 +59,15 @@ from aioice import Connection
 from aiortc import (
     MediaStreamTrack,
     RTCDataChannel,
+    RTCDtlsTransport,
     RTCIceGatherer,
     RTCRtpCodecParameters,
     RTCRtpReceiver,
+    RTCRtpSender,
     RTCRtpTransceiver,
     RTCSctpTransport,
 )
+from aiortc import codecs as aiortc_codecs
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcrtpreceiver import RemoteStreamTrack
 from aiortc.rtp import RtpPacket
@@ -203,3 +215,51 @@ async def send_unchecked(channel: RTCDataChannel, pp_id: int, data: bytes) -> No
     _method(channel, "RTCDataChannel", "_addBufferedAmount", why)(len(data))
     queue.append((channel, pp_id, data))
     await flush()
+
+
+# What a peer connection offers and accepts for DTMF: 8 kHz beside G.711 (SIP bridges), 48 kHz
+# beside Opus (browsers' RTCDTMFSender). Payload types clear of aiortc's video ones (97-102).
+# aiortc's codec preferences match by name, not rate: preferring both rates offers one twice.
+TELEPHONE_EVENTS = (
+    RTCRtpCodecParameters(mimeType="audio/telephone-event", clockRate=8000, payloadType=126),
+    RTCRtpCodecParameters(mimeType="audio/telephone-event", clockRate=48000, payloadType=110),
+)
+
+
+def accept_telephone_events() -> None:
+    """Make every aiortc peer connection in this process offer and accept telephone-event
+    (listed after the audio codecs, so our offers never make it the one a sender encodes
+    with). Idempotent."""
+    table = getattr(aiortc_codecs, "CODECS", _ABSENT)
+    if not isinstance(table, dict) or not isinstance(table.get("audio"), list):
+        raise _missing("aiortc.codecs", "CODECS['audio']", "the codecs peers negotiate from")
+    audio: list[RTCRtpCodecParameters] = table["audio"]
+    for codec in TELEPHONE_EVENTS:
+        if not any(c.mimeType == codec.mimeType and c.clockRate == codec.clockRate
+                   for c in audio):
+            audio.append(codec)
+
+
+def divert_rtp_packets(receiver: RTCRtpReceiver, payload_types: set[int],
+                       on_packet: Callable[[RtpPacket], None]) -> None:
+    """Hand `receiver`'s RTP packets of `payload_types` to `on_packet` instead of aiortc: they
+    never reach its statistics, jitter buffer or decoder (nor the track's frames)."""
+    handle = _coroutine_method(receiver, "RTCRtpReceiver", _HANDLE_RTP_PACKET,
+                               "where each RTP packet enters the receiver")
+
+    async def diverted(packet: RtpPacket, arrival_time_ms: int) -> None:
+        if packet.payload_type in payload_types:
+            on_packet(packet)
+        else:
+            await handle(packet, arrival_time_ms)
+
+    setattr(receiver, _HANDLE_RTP_PACKET, diverted)
+
+
+async def send_rtp(sender: RTCRtpSender, packet: RtpPacket) -> None:
+    """Send `packet` as it is on `sender`'s transport (SRTP-protected there); ConnectionError
+    when the transport is not connected."""
+    transport: RTCDtlsTransport = sender.transport
+    send = _coroutine_method(transport, "RTCDtlsTransport", "_send_rtp",
+                             "where RTP leaves, SRTP-protected")
+    await send(packet.serialize())

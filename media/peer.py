@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 from aiortc import (
     RTCConfiguration,
@@ -10,17 +12,23 @@ from aiortc import (
     RTCPeerConnection,
     RTCRtpCodecParameters,
     RTCRtpSender,
+    RTCRtpTransceiver,
     RTCSctpTransport,
     RTCSessionDescription,
 )
 from aiortc.rtcsctptransport import WEBRTC_BINARY, WEBRTC_STRING
+from aiortc.rtp import RtpPacket
 
 from media.aiortc_internals import (
     DataChannelReceive,
+    accept_telephone_events,
+    divert_rtp_packets,
     negotiated_codecs,
     replace_jitter_buffer,
+    send_rtp,
     wrap_data_channel_receive,
 )
+from media.dtmf import TELEPHONE_EVENT, DtmfDecoder, DtmfSender
 from media.sdp import AUDIO_CODECS, without_mdns_candidates
 
 log = logging.getLogger(__name__)
@@ -29,17 +37,18 @@ log = logging.getLogger(__name__)
 def new_peer_connection(ice_servers: list[str]) -> RTCPeerConnection:
     """A peer connection with exactly the ICE servers configured (aiortc adds a public STUN
     server when given no configuration; an empty list means host candidates only)."""
+    accept_telephone_events()  # DTMF (RFC 4733) offered and accepted beside the audio
     servers = [RTCIceServer(urls=url) for url in ice_servers]
     return RTCPeerConnection(RTCConfiguration(iceServers=servers))
 
 
 def prefer_audio_codecs(pc: RTCPeerConnection) -> None:
-    """Opus first, then G.711 (PCMU, PCMA) for SIP bridges; nothing else for audio."""
+    """Opus first, then G.711 (PCMU, PCMA) for SIP bridges, then DTMF; nothing else."""
     capabilities = RTCRtpSender.getCapabilities("audio").codecs
     ranked = sorted(
         (c for c in capabilities if c.name in AUDIO_CODECS),
         key=lambda c: AUDIO_CODECS.index(c.name),
-    )
+    ) + [c for c in capabilities if c.name == TELEPHONE_EVENT]
     for transceiver in pc.getTransceivers():
         if transceiver.kind == "audio":
             transceiver.setCodecPreferences(ranked)
@@ -114,3 +123,39 @@ async def create_answer(pc: RTCPeerConnection) -> str:
     prefer_audio_codecs(pc)
     await pc.setLocalDescription(await pc.createAnswer())
     return pc.localDescription.sdp
+
+
+def telephone_event_types(transceiver: RTCRtpTransceiver) -> dict[int, int]:
+    """The negotiated telephone-event payload types of `transceiver`, with their clock rates."""
+    return {c.payloadType: c.clockRate for c in negotiated_codecs(transceiver)
+            if c.name == TELEPHONE_EVENT and c.payloadType is not None}
+
+
+def watch_dtmf(pc: RTCPeerConnection, on_digit: Callable[[str], None]) -> None:
+    """Call `on_digit` once per key the caller presses (RFC 4733 on its audio), once the offer
+    is applied. The DTMF packets are taken out before aiortc's receiver: they never reach the
+    audio decoder, and so never the VAD."""
+    for transceiver in pc.getTransceivers():
+        types = telephone_event_types(transceiver) if transceiver.kind == "audio" else {}
+        if not types:
+            continue
+        decoder = DtmfDecoder()
+
+        def decode(packet: RtpPacket, decoder: DtmfDecoder = decoder) -> None:
+            digit = decoder.push(packet.ssrc, packet.timestamp, packet.payload)
+            if digit is not None:
+                on_digit(digit)
+
+        divert_rtp_packets(transceiver.receiver, set(types), decode)
+
+
+def dtmf_sender(pc: RTCPeerConnection, clock_rate: int = 8000) -> DtmfSender | None:
+    """A sender of key presses on the first audio transceiver that negotiated telephone-event
+    at `clock_rate` (once the answer is applied); None when none did."""
+    for transceiver in pc.getTransceivers():
+        types = telephone_event_types(transceiver) if transceiver.kind == "audio" else {}
+        payload_type = next((pt for pt, rate in types.items() if rate == clock_rate), None)
+        if payload_type is not None:
+            return DtmfSender(functools.partial(send_rtp, transceiver.sender), payload_type,
+                              clock_rate)
+    return None

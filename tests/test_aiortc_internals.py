@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import aiortc
 import pytest
@@ -25,11 +26,15 @@ from aiortc.rtcsctptransport import WEBRTC_STRING
 from aiortc.rtp import RtpPacket
 
 from media.aiortc_internals import (
+    TELEPHONE_EVENTS,
     AiortcInternalsError,
+    accept_telephone_events,
     data_channel_backlog,
+    divert_rtp_packets,
     jitter_buffer,
     negotiated_codecs,
     remote_track_queue,
+    send_rtp,
     send_unchecked,
     stun_server,
     watch_rtp_packets,
@@ -40,10 +45,12 @@ from media.peer import (
     JITTER_CAPACITY,
     apply_offer,
     create_answer,
+    dtmf_sender,
     guard_data_channel_receive,
     hold_inbound_audio,
     new_peer_connection,
     sent_codec,
+    telephone_event_types,
 )
 from tests.product_calls import wait_until
 
@@ -57,7 +64,8 @@ class Pair:
     channel: RTCDataChannel
     server: RTCPeerConnection
     received: list[str | bytes] = field(default_factory=list)
-    packets: list[RtpPacket] = field(default_factory=list)
+    packets: list[RtpPacket] = field(default_factory=list)  # what reached aiortc's receiver
+    diverted: list[RtpPacket] = field(default_factory=list)  # telephone-event, taken first
 
     @property
     def audio(self) -> RTCRtpTransceiver:
@@ -66,6 +74,7 @@ class Pair:
 
 @pytest.fixture(scope="module")
 async def pair() -> AsyncIterator[Pair]:
+    accept_telephone_events()  # the caller offers DTMF too
     caller = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     caller.addTrack(AudioStreamTrack())  # aiortc's silence, paced in real time
     pair = Pair(caller, caller.createDataChannel("oai-events"), new_peer_connection([]))
@@ -74,6 +83,8 @@ async def pair() -> AsyncIterator[Pair]:
     await apply_offer(pair.server, caller.localDescription.sdp)
     hold_inbound_audio(pair.server, 2)
     watch_rtp_packets(pair.audio.receiver, pair.packets.append)
+    dtmf_types = set(telephone_event_types(pair.audio))
+    divert_rtp_packets(pair.audio.receiver, dtmf_types, pair.diverted.append)
     answer = await create_answer(pair.server)
     await caller.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
     await wait_until(lambda: pair.channel.readyState == "open", 20, "the data channel")
@@ -107,6 +118,23 @@ async def test_every_rtp_packet_is_seen_and_the_remote_track_queues_its_frames(
     assert all(isinstance(p, RtpPacket) for p in pair.packets)
     await wait_until(lambda: queue.qsize() > 0, 20, "a decoded frame, unread")
     assert remote_track_queue(OutboundAudioTrack()) is None  # not aiortc's: nothing to bound
+
+
+async def test_telephone_events_are_negotiated_sent_raw_and_taken_before_the_decoder(
+    pair: Pair,
+) -> None:
+    assert telephone_event_types(pair.audio) == {c.payloadType: c.clockRate
+                                                  for c in TELEPHONE_EVENTS}
+    assert "telephone-event/8000" in pair.server.localDescription.sdp
+    sender = dtmf_sender(pair.caller, 8000)
+    assert sender is not None
+    sender.press("5", 60)  # updates at 20 and 40 ms, then the final three times
+    await asyncio.wait_for(sender.drained(), 10)
+    await wait_until(lambda: len(pair.diverted) == 5, 20, "the press's five packets")
+    assert {p.payload_type for p in pair.diverted} == {sender.payload_type}
+    assert len({p.sequence_number for p in pair.diverted}) == 5  # each through SRTP, once
+    assert sender.payload_type not in {p.payload_type for p in pair.packets}  # never decoded
+    await sender.close()
 
 
 async def test_text_that_is_not_utf8_arrives_as_bytes_and_the_call_goes_on(pair: Pair) -> None:
@@ -196,6 +224,24 @@ def _track_without_queue() -> None:
     InboundAudio(track, lambda frame: None)
 
 
+def _without_codec_table() -> None:
+    table = aiortc.codecs.CODECS
+    try:
+        aiortc.codecs.CODECS = {}  # type: ignore[attr-defined]
+        accept_telephone_events()
+    finally:
+        aiortc.codecs.CODECS = table  # type: ignore[attr-defined]
+
+
+def _without_send_rtp() -> None:
+    sender = SimpleNamespace(transport=object())  # a sender whose transport lacks it
+    asyncio.run(send_rtp(sender, RtpPacket()))  # type: ignore[arg-type]
+
+
+def _divert_without_handler() -> None:
+    divert_rtp_packets(object(), {126}, print)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("breaks", "named"), [
     (_without_codecs, "has no RTCRtpTransceiver._codecs"),
     (_codecs_of_another_type, "RTCRtpTransceiver._codecs is a tuple, not a list"),
@@ -205,6 +251,9 @@ def _track_without_queue() -> None:
     (_without_receive, "has no RTCSctpTransport._data_channel_receive"),
     (_track_without_queue, "has no RemoteStreamTrack._queue"),
     (_gatherer_without_connection, "has no RTCIceGatherer._connection"),
+    (_without_codec_table, "has no aiortc.codecs.CODECS['audio']"),
+    (_without_send_rtp, "has no RTCDtlsTransport._send_rtp"),
+    (_divert_without_handler, "has no RTCRtpReceiver._handle_rtp_packet"),
 ])
 def test_a_moved_private_is_named_with_the_aiortc_version(
     breaks: Callable[[], None], named: str
