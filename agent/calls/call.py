@@ -18,7 +18,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from agent.calls.call_base import CallBase, CallHandler
 from agent.config import Settings
-from agent.realtime.server_events import session_created
+from agent.realtime.server_events import dtmf_event_received, session_created
 from agent.realtime.session_config import SavedConversation, SessionConfig, configure
 from agent.realtime.transport import AudioOutEnded
 from media.encoded_audio import EncodedAudioTrack
@@ -30,6 +30,7 @@ from media.peer import (
     hold_inbound_audio,
     new_peer_connection,
     sent_codec,
+    watch_dtmf,
 )
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Call(CallBase):
                 self.vad.reconfigure(start.vad)
             await apply_offer(self.pc, offer_sdp)
             hold_inbound_audio(self.pc, self.settings.inbound_jitter_packets)
+            watch_dtmf(self.pc, self._on_dtmf)
             # The codec is asked for at the first frame, after negotiation: by then `sender`,
             # bound on the next line, is the sender of this very track.
             encoded = EncodedAudioTrack(self.outbound, lambda: sent_codec(self.pc, sender))
@@ -123,6 +125,12 @@ class Call(CallBase):
             return
         self.inbound = InboundAudio(track, self.on_audio_frame)
         self.spawn(self.inbound.run())
+
+    def _on_dtmf(self, digit: str) -> None:
+        """A key the caller pressed (RFC 4733): an event to the caller and its observers."""
+        log.info("call %s: DTMF %s", self.id, digit)
+        self._last_activity = time.monotonic()
+        self.send_event(dtmf_event_received(digit, int(time.time())))
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL or self._channel is not None:

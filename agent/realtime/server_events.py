@@ -177,6 +177,14 @@ def speech_stopped(item_id: str, audio_end_ms: int) -> Event:
     )
 
 
+def dtmf_event_received(digit: str, received_at: int) -> Event:
+    """`input_audio_buffer.dtmf_event_received`: the caller pressed a key (0-9 * # A-D) at
+    `received_at` (Unix seconds, when the server got it)."""
+    return server_event(
+        "input_audio_buffer.dtmf_event_received", event=digit, received_at=received_at
+    )
+
+
 def input_audio_buffer_committed(item_id: str) -> Event:
     """`input_audio_buffer.committed`: the utterance became a conversation item."""
     return server_event("input_audio_buffer.committed", item_id=item_id, previous_item_id=None)

@@ -89,6 +89,7 @@ class BridgedCall:
         if self.phone_ended.is_set():  # cancelled while the server answered
             return False
         self.phone.on_audio = self.server.track.push
+        self.phone.on_dtmf = self.server.press
         self.server.on_audio = self.phone.send
         self.sip.accept(self.phone.answer)
         self.answered_at = time.monotonic()

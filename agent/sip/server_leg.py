@@ -1,8 +1,9 @@
 """The server's side of a bridged call: a WebRTC call to omnivox with a G.711-only offer.
 
-The offer names only the codec the phone agreed on (PCMU or PCMA) and no data channel, the
-shape of any SIP-to-WebRTC bridge's offer: the server answers in G.711, so audio crosses the
-bridge as G.711 decoded to 8 kHz PCM and encoded again, never as Opus and never resampled.
+The offer names only the codec the phone agreed on (PCMU or PCMA), telephone-event and no data
+channel, the shape of any SIP-to-WebRTC bridge's offer: the server answers in G.711, so audio
+crosses the bridge as G.711 decoded to 8 kHz PCM and encoded again, never as Opus and never
+resampled. The phone's key presses go to the server as RFC 4733 packets on the same audio.
 The call's session (instructions, voice, VAD...) goes with the offer as OpenAI's
 `multipart/form-data` form; without one the server's profile defaults apply.
 """
@@ -21,8 +22,9 @@ import httpx
 from aiortc import MediaStreamTrack, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-from agent.sip.phone_track import PhoneAudioTrack
-from media.peer import new_peer_connection
+from agent.sip.phone_track import RATE, PhoneAudioTrack
+from media.dtmf import TELEPHONE_EVENT, DtmfSender
+from media.peer import dtmf_sender, new_peer_connection
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +53,20 @@ class ServerLeg:
         self.on_audio: Callable[[bytes], None] | None = None
         self.ended = asyncio.Event()
         self.end_reason = ""
+        self.dtmf: DtmfSender | None = None  # once the server accepted telephone-event
         self._tasks: list[asyncio.Task[None]] = []
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_connection_state)
 
     async def connect(self, session: dict[str, Any] | None, timeout_s: float) -> None:
-        """Offer G.711 in `self.codec`, post it (with `session`, if any), apply the answer.
-        ServerRefusedError when the server refuses or cannot be reached."""
+        """Offer G.711 in `self.codec` and DTMF (telephone-event at G.711's 8 kHz), post it
+        (with `session`, if any), apply the answer. ServerRefusedError when the server refuses
+        or cannot be reached."""
         transceiver = self.pc.addTransceiver(self.track, direction="sendrecv")
         capabilities = RTCRtpSender.getCapabilities("audio").codecs
-        transceiver.setCodecPreferences([c for c in capabilities if c.name == self.codec])
+        transceiver.setCodecPreferences(
+            [c for c in capabilities if c.name == self.codec]
+            + [c for c in capabilities if c.name == TELEPHONE_EVENT and c.clockRate == RATE])
         await self.pc.setLocalDescription(await self.pc.createOffer())
         sdp = self.pc.localDescription.sdp
         try:
@@ -79,6 +85,19 @@ class ServerLeg:
             raise ServerRefusedError(reply.status_code, _error_message(reply))
         self.location = reply.headers.get("location")
         await self.pc.setRemoteDescription(RTCSessionDescription(reply.text, "answer"))
+        self.dtmf = dtmf_sender(self.pc, RATE)
+
+    def press(self, digit: str, duration: int) -> None:
+        """A key the phone pressed (`duration` in 8 kHz samples, as RFC 4733 counts it): sent
+        on to the server as RFC 4733 on the call's audio, unless the server took no DTMF."""
+        if self.dtmf is None:
+            log.info("DTMF %s from the phone not relayed: the server took no telephone-event",
+                     digit)
+            return
+        try:
+            self.dtmf.press(digit, duration * 1000 // RATE)
+        except ValueError as exc:  # an event that is no key (flash, a tone): nothing to relay
+            log.info("DTMF from the phone not relayed: %s", exc)
 
     @property
     def call_id(self) -> str | None:
@@ -98,6 +117,8 @@ class ServerLeg:
     async def close(self, timeout_s: float = 5.0) -> None:
         self._end("closed")
         self.track.stop()
+        if self.dtmf is not None:
+            await self.dtmf.close()
         for task in self._tasks:
             task.cancel()
         with contextlib.suppress(TimeoutError):
