@@ -121,6 +121,7 @@ def create_app(
     app.state.admission = Admission(AdmissionLimits(
         max_loop_lag_s=settings.admission_max_loop_lag_ms / 1e3,
         max_cpu_wait=settings.admission_max_cpu_wait, window_s=settings.admission_window_s,
+        max_pacing_late_s=settings.admission_max_pacing_late_ms / 1e3,
     ), app.state.metrics.loop_lag_monitor)
     app.state.readiness = Readiness(serving, app.state.admission)
     if serving is not None:  # a stage given up for good is announced on every live call

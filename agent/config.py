@@ -159,6 +159,11 @@ class Settings(BaseSettings):
         0.5, ge=0, le=1, description="refuse new calls while the call plane's thread waited "
         "for a CPU this share of the admission window; 0: off",
     )
+    admission_max_pacing_late_ms: float = Field(
+        50.0, ge=0, description="refuse new calls while more than 1% of the calls' outbound "
+        "20 ms frames left this much later than their clock within the admission window "
+        "(p99 of the pacer's lateness); 0: off",
+    )
     admission_window_s: float = Field(
         5.0, gt=0, le=60, description="how far back admission control looks at the load"
     )

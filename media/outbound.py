@@ -20,6 +20,7 @@ from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from media.audio_format import FRAME_MS
+from media.pacing import pacing_lateness
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,8 @@ class OutboundAudioTrack(MediaStreamTrack):
                 self._start = now - self._frame_index * _FRAME_S
             elif due > now:
                 await asyncio.sleep(due - now)
+            # How late this frame leaves against its clock: a late loop makes every call late.
+            pacing_lateness.observe(loop.time() - due)
             self._check_live()
         return self._next_frame()
 

@@ -1,6 +1,7 @@
-"""Admission control on measured load: a call plane whose event loop runs late refuses new calls
-at once (503 `server_busy`, `Retry-After`, /readyz `full`) while the live calls go on, and takes
-calls again once the load is gone."""
+"""Admission control on measured load: a call plane whose event loop runs late (or whose calls'
+audio frames leave late, or whose thread waits for a CPU) refuses new calls at once (503
+`server_busy`, `Retry-After`, /readyz `full`) while the live calls go on, and takes calls again
+once the load is gone."""
 
 from __future__ import annotations
 
@@ -15,16 +16,20 @@ import httpx
 import numpy as np
 
 from agent.config import Settings
+from media.pacing import pacing_lateness
 from pipeline import schedstat
 from tests.media_servers import tone_server
 from tests.product_calls import wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
+from tests.served import Served
 
 WINDOW_S = 2.0
 LAG_LIMIT_MS = 100.0
 
 
 def admitting(tmp_path: Path, **limits: float) -> Settings:
+    """Settings with the given checks; the pacing check is off unless given."""
+    limits.setdefault("admission_max_pacing_late_ms", 0)
     return Settings(data_dir=tmp_path, admission_window_s=WINDOW_S, **limits)
 
 
@@ -54,18 +59,25 @@ async def block_the_loop(seconds: float, each_s: float = 0.3) -> None:
         await asyncio.sleep(0.01)
 
 
+async def connect_live(served: Served) -> RtcCaller:
+    """A live call, connected once the admission window holds no load from before: a cold
+    start (first imports, a busy machine) or an earlier test's late frames (one record per
+    process)."""
+    admission = served.app.state.admission
+    await wait_until(lambda: admission.busy() is None, 3 * WINDOW_S + 10,
+                     "earlier load to leave the admission window")
+    live = RtcCaller(served.url, ArrayAudioTrack(np.zeros(48_000, np.int16)))
+    await live.connect()
+    await live.wait_for("session.created", timeout=30)
+    return live
+
+
 async def test_a_late_loop_refuses_new_calls_and_carries_the_live_one(tmp_path: Path) -> None:
     settings = admitting(tmp_path, admission_max_loop_lag_ms=LAG_LIMIT_MS,
                          admission_max_cpu_wait=0)
     async with tone_server(settings) as served:
         admission = served.app.state.admission
-        # A cold start (first imports, a busy machine) may itself have held the loop late
-        # within the window: the live call is admitted once that has left it.
-        await wait_until(lambda: admission.busy() is None, 3 * WINDOW_S + 10,
-                         "the server's start to leave the admission window")
-        live = RtcCaller(served.url, ArrayAudioTrack(np.zeros(48_000, np.int16)))
-        await live.connect()
-        await live.wait_for("session.created", timeout=30)
+        live = await connect_live(served)
 
         await block_the_loop(1.0)
         reason = admission.busy()
@@ -100,6 +112,43 @@ async def test_admission_off_takes_calls_under_the_same_load(tmp_path: Path) -> 
         await block_the_loop(1.0)
         assert served.app.state.admission.busy() is None
         assert (await offer(served.url)).status_code == 201
+
+
+async def test_late_pacing_refuses_new_calls(tmp_path: Path) -> None:
+    """The live call's own pacer, on a loop held for 0.3 s at a time, sends its frames late:
+    the pacing check refuses (the loop-lag and CPU checks are off), and takes calls again once
+    the frames are on time."""
+    settings = admitting(tmp_path, admission_max_loop_lag_ms=0, admission_max_cpu_wait=0,
+                         admission_max_pacing_late_ms=50)
+    async with tone_server(settings) as served:
+        admission = served.app.state.admission
+        live = await connect_live(served)
+        await wait_until(lambda: sum(pacing_lateness.recent(WINDOW_S)) >= 50, 30,
+                         "the live call's pacer to send frames")
+        await wait_until(lambda: admission.busy() is None, 3 * WINDOW_S + 10,
+                         "the call's start to leave the admission window")
+
+        await block_the_loop(1.0)
+        reason = admission.busy()
+        assert reason is not None and "audio frames" in reason, reason
+        assert admission.pacing_late() > 0.05
+        refused = await offer(served.url)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "server_busy"
+        async with httpx.AsyncClient(base_url=served.url) as http:
+            metrics = (await http.get("/metrics")).text
+        assert 'omnivox_pacing_lateness_seconds_bucket{le="+Inf"}' in metrics
+
+        # An offer's own work (ICE, DTLS) runs on this loop too and may delay the live call's
+        # frames: a few tries, each once the window is clear again.
+        for _ in range(5):
+            await wait_until(lambda: admission.busy() is None, 3 * WINDOW_S + 10,
+                             "the late frames to leave the admission window")
+            taken = await offer(served.url)
+            if taken.status_code == 201:
+                break
+        assert taken.status_code == 201, taken.text
+        await live.close()
 
 
 def test_the_loop_threads_cpu_wait_is_read_from_the_scheduler() -> None:

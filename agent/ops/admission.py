@@ -1,5 +1,6 @@
 """Admission control: whether the call plane can carry one more call, judged from its measured
-load (the event loop's recent lateness, and the share of time the loop's thread waited for a CPU).
+load (the event loop's recent lateness, the outbound pacers' frame lateness, and the share of time
+the loop's thread waited for a CPU).
 
 Every call's 20 ms pacing, VAD and signalling run on the API process's one event loop. Past
 the load where that loop wakes late, pacing collapses for every call at once (PLATFORM.md:
@@ -15,26 +16,31 @@ from collections import deque
 from dataclasses import dataclass
 
 from agent.ops.loop_lag import LoopLagMonitor
+from media.pacing import PacingLateness, pacing_lateness
 from pipeline import schedstat
 
 SAMPLE_S = 0.5  # how often the loop thread's scheduler figures are read
+PACING_QUANTILE = 0.99  # of the frames paced in the window
 
 
 @dataclass(frozen=True)
 class AdmissionLimits:
-    """Above either figure over the last `window_s`, new calls are refused (0: that check off)."""
+    """Above any figure over the last `window_s`, new calls are refused (0: that check off)."""
 
     max_loop_lag_s: float
     max_cpu_wait: float  # share of wall time the loop's thread was runnable but not running
     window_s: float
+    max_pacing_late_s: float = 0.0  # p99 of the calls' outbound frames against their clock
 
 
 class Admission:
     """Measures the call plane's load and says, for each offer, whether it fits."""
 
-    def __init__(self, limits: AdmissionLimits, loop_lag: LoopLagMonitor) -> None:
+    def __init__(self, limits: AdmissionLimits, loop_lag: LoopLagMonitor,
+                 pacing: PacingLateness = pacing_lateness) -> None:
         self.limits = limits
         self.loop_lag = loop_lag
+        self.pacing = pacing
         self._pid = os.getpid()
         keep = max(2, int(limits.window_s / SAMPLE_S) + 1)
         self._waits: deque[tuple[float, int]] = deque(maxlen=keep)
@@ -58,6 +64,10 @@ class Admission:
         """The event loop's worst lateness over the window, in seconds."""
         return self.loop_lag.recent_max(self.limits.window_s)
 
+    def pacing_late(self) -> float:
+        """The p99 of the calls' frame lateness over the window, in seconds (0: no frames)."""
+        return self.pacing.recent_quantile(PACING_QUANTILE, self.limits.window_s)
+
     def busy(self) -> str | None:
         """Why one more call would not be carried now, or None when it fits."""
         limits = self.limits
@@ -65,6 +75,10 @@ class Admission:
         if limits.max_loop_lag_s and lag > limits.max_loop_lag_s:
             return (f"the event loop ran {lag * 1e3:.0f} ms late in the last "
                     f"{limits.window_s:g} s (limit {limits.max_loop_lag_s * 1e3:.0f} ms)")
+        late = self.pacing_late()
+        if limits.max_pacing_late_s and late > limits.max_pacing_late_s:
+            return (f"the calls' audio frames left up to {late * 1e3:.0f} ms late (p99) in the "
+                    f"last {limits.window_s:g} s (limit {limits.max_pacing_late_s * 1e3:.0f} ms)")
         wait = self.cpu_wait()
         if limits.max_cpu_wait and wait > limits.max_cpu_wait:
             return (f"the call plane waited for a CPU {wait:.0%} of the last "

@@ -21,10 +21,15 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from agent.ops.loop_lag import LoopLagMonitor
+from media.pacing import PacingLateness, pacing_lateness
 
 router = APIRouter()
 
@@ -84,6 +89,7 @@ class Metrics:
         self.loop_lag_monitor = LoopLagMonitor(self.loop_lag.observe)
         Gauge("omnivox_event_loop_lag_p99_seconds", "99th percentile of the event loop lag over "
               "the last minute", registry=r).set_function(self.loop_lag_monitor.p99)
+        r.register(PacingCollector(pacing_lateness))
         ProcessCollector(registry=r)
         for outcome in OUTCOMES:  # every series exists from the start, at 0
             self.turns.labels(outcome)
@@ -159,3 +165,22 @@ class PipelineCollector(Collector):
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (unauthenticated, like /healthz)."""
     return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+class PacingCollector(Collector):
+    """The outbound pacers' frame lateness (media/pacing.py), read at scrape time: one record
+    per process, whichever app scrapes it."""
+
+    def __init__(self, lateness: PacingLateness) -> None:
+        self.lateness = lateness
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        lateness = self.lateness
+        cumulative, buckets = 0, []
+        for bound, count in zip((*lateness.bounds, float("inf")), lateness.counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        yield HistogramMetricFamily(
+            "omnivox_pacing_lateness_seconds", "How late the outbound pacers handed each call's "
+            "20 ms frames to the sender, against their clock", buckets=buckets,
+            sum_value=lateness.total_s)
