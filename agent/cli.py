@@ -102,6 +102,10 @@ def add_bench_calls(bench_cmd: Any) -> None:
                        help="max_output_tokens asked of each call (default: the server's)")
     calls.add_argument("--codec", choices=("opus", "PCMU", "PCMA"), default=None,
                        help="offer only this codec (default: all, the server picks Opus)")
+    calls.add_argument("--callers", choices=("full", "light"), default="full",
+                       help="light: callers send Opus packets encoded once and hear replies "
+                       "from packet sizes, so they cost far less CPU than the server "
+                       "(default: full, aiortc's encoder and decoder)")
     calls.add_argument("--api-key", default=os.environ.get("OMNIVOX_API_KEY"),
                        help="Bearer key for a server with API keys (or OMNIVOX_API_KEY)")
     calls.add_argument("--compare-sequential", action="store_true",
@@ -393,7 +397,8 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         profile=settings.profile, models_dir=settings.models_dir,
         workers=args.workers, pause_s=args.pause, barge_in_every=args.barge_in_every,
         reply_tokens=args.reply_tokens, codec=args.codec, api_key=args.api_key,
-        compare_sequential=args.compare_sequential, sequential_url=args.sequential_url,
+        callers=args.callers, compare_sequential=args.compare_sequential,
+        sequential_url=args.sequential_url,
         speech_dir=args.speech_dir, json_path=args.json_path, plots_dir=args.plots_dir,
         progress=not args.no_progress))
 

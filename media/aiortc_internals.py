@@ -28,7 +28,8 @@ what upstream offers or could offer instead:
   Upstream could bound the queue (a maxsize, dropping the oldest) or expose its length.
 - `RTCRtpReceiver._handle_rtp_packet` (a coroutine method): wrapped to note when each RTP
   packet arrives, before the jitter buffer holds it (load measurements only). aiortc offers
-  no per-packet event on a receiver.
+  no per-packet event on a receiver. Also replaced outright for the bench's light callers,
+  which judge a reply from its packets' sizes and must not pay for decoding them.
 - `RTCIceGatherer._connection` (an aioice Connection): which STUN server a gatherer will
   query, so tests can check that no public one is configured unless asked for. W3C's
   `RTCPeerConnection.getConfiguration()` would answer it; aiortc does not implement it.
@@ -195,6 +196,18 @@ def watch_rtp_packets(receiver: RTCRtpReceiver, on_packet: Callable[[RtpPacket],
         await handle(packet, arrival_time_ms)
 
     setattr(receiver, _HANDLE_RTP_PACKET, watched)
+
+
+def take_rtp_packets(receiver: RTCRtpReceiver, on_packet: Callable[[RtpPacket], None]) -> None:
+    """Hand every RTP packet `receiver` gets to `on_packet` instead of its jitter buffer and
+    decoder: its remote track then never yields a frame."""
+    _coroutine_method(receiver, "RTCRtpReceiver", _HANDLE_RTP_PACKET,
+                      "where each RTP packet enters the receiver")
+
+    async def taken(packet: RtpPacket, arrival_time_ms: int) -> None:
+        on_packet(packet)
+
+    setattr(receiver, _HANDLE_RTP_PACKET, taken)
 
 
 def stun_server(gatherer: RTCIceGatherer) -> tuple[str, int] | None:

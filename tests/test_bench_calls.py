@@ -6,10 +6,12 @@ the serve option that turns the stage overlap off, the cached speech."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +19,53 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from agent.bench.call_script import GAP_MS
-from agent.bench.server import histogram_quantile, parse_samples
+from agent.bench.calls_report import report, summarise
+from agent.bench.level import Plan
+from agent.bench.load import run_level
+from agent.bench.server import ServerWatch, histogram_quantile, parse_samples
 from agent.bench.speech import read_wav, utterance_wavs
 from agent.cli import parse_args, pipeline_overrides
 from agent.config import Settings
 from agent.profiles import pipeline_settings
+from tests.conftest import wait_idle
+from tests.served import Served
 
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.engines
+async def test_light_callers_cost_less_than_full_ones(tiny_server: Served,
+                                                      tmp_path: Path) -> None:
+    """One short level of full callers and one of light ones (agent/bench/light_caller.py)
+    against the shared tiny server: both carry their turns, each level reports what a call
+    costs (the server's CPU per call, its pacing lateness, the callers' CPU per call), and a
+    light caller costs less CPU than a full one."""
+    plan = Plan(url=tiny_server.url, concurrency=2, speech=utterance_wavs(
+        ["Hello there.", "Thank you."], tmp_path), turns=2, pause_s=0.3, barge_in_every=0,
+        reply_tokens=12)
+    levels = {}
+    with ServerWatch(tiny_server.url, os.getpid()) as watch:
+        for callers in ("full", "light"):
+            run = await asyncio.to_thread(run_level, replace(plan, callers=callers), 2, watch,
+                                          False)
+            levels[callers] = level = summarise(run)
+            await wait_idle(tiny_server)
+            assert level["calls_connected"] == 2 and level["calls_dropped"] == 0, level
+            assert level["turns_ok"] == 4, (callers, level["failures"])
+            assert level["ttfa_ms"]["p50"] > level["silence_ms"], level["ttfa_ms"]
+            capacity = level["capacity"]
+            assert capacity["callers"] == callers
+            assert capacity["call_seconds"] > 0, capacity
+            assert 0 < capacity["call_plane_cpu_per_call"] < os.cpu_count(), capacity
+            assert 0 < capacity["callers_cpu_per_call"] < os.cpu_count(), capacity
+            assert capacity["pacing_late_p99_ms"] is not None, capacity
+            assert capacity["pacing_late_p99_ms"] >= 0, capacity
+    light, full = levels["light"]["capacity"], levels["full"]["capacity"]
+    print(f"\ncallers' CPU per call: full {full['callers_cpu_per_call']:.4f}, "
+          f"light {light['callers_cpu_per_call']:.4f}")
+    assert light["callers_cpu_per_call"] < full["callers_cpu_per_call"], (light, full)
+    table = report({"server_label": "the shared tiny server", "levels": [levels["light"]]})
+    assert "pace p99" in table and "calls per core of the call plane" in table, table
 
 
 @pytest.mark.engines

@@ -15,6 +15,7 @@ import numpy as np
 
 from agent.bench.caller import BenchCaller, CallDroppedError
 from agent.bench.level import Plan
+from agent.bench.light_caller import LightCaller
 from agent.bench.microphone import Utterance
 from agent.bench.speech import MIC_RATE
 
@@ -201,6 +202,7 @@ async def run_call(index: int, caller: BenchCaller, plan: Plan, speech: list[np.
             emit(("turn", asdict(TurnRecord(index, missed, False, reason="dropped"))))
             turns_failed += 1
     dropped = caller.dropped  # before our own hang-up closes the connection
+    call_s = time.monotonic() - started_at  # live from the go to its last turn's end
     await caller.hang_up()
     return {"call": index, "connected": True, "dropped": dropped,
             "drop": None if caller.dropped_at is None else {
@@ -209,7 +211,7 @@ async def run_call(index: int, caller: BenchCaller, plan: Plan, speech: list[np.
             "error_events": caller.counts["error"],
             "errors": [describe_error(e) for e in caller.errors[:5]],
             "turns_ok": turns_ok, "turns_failed": turns_failed,
-            "rtp_misses": caller.rtp_misses}
+            "rtp_misses": caller.rtp_misses, "call_s": call_s}
 
 
 def describe_error(event: dict[str, Any]) -> str:
@@ -220,7 +222,8 @@ def describe_error(event: dict[str, Any]) -> str:
 async def connect_call(index: int, plan: Plan, gate: asyncio.Semaphore
                        ) -> tuple[BenchCaller | None, dict[str, Any]]:
     """A connected caller (with the plan's reply length set), or None and why not."""
-    caller = BenchCaller(plan.url, plan.api_key, plan.codec)
+    kind = LightCaller if plan.callers == "light" else BenchCaller
+    caller = kind(plan.url, plan.api_key, plan.codec)
     began = time.monotonic()
     try:
         async with gate:

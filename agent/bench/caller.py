@@ -369,10 +369,17 @@ class BenchCaller:
             last = (int(loud[-1]) // channels + 1) / rate
         media = frame.pts / rate if frame.pts is not None else self._media_end
         self._media_end = media + frame.samples / rate
-        self.heard.append(Heard(at, media, frame.samples / rate, first, last))
-        if first is not None and self.speech_ended_at is not None and (
-                self.first_audio_at is None) and at + last > self.speech_ended_at:
-            self.first_audio_at = max(at + first, self.speech_ended_at)
-        if (first is not None) != self._was_loud:
-            self._was_loud = first is not None
+        self._note_heard(Heard(at, media, frame.samples / rate, first, last))
+
+    def _note_heard(self, heard: Heard) -> None:
+        """Keep one received frame; note the reply's first audio; wake waiters on a change
+        between sound and silence."""
+        self.heard.append(heard)
+        loud_from, loud_until = heard.loud_from, heard.loud_until
+        if loud_from is not None and loud_until is not None and (
+                self.speech_ended_at is not None) and self.first_audio_at is None and (
+                loud_until > self.speech_ended_at):
+            self.first_audio_at = max(loud_from, self.speech_ended_at)
+        if (loud_from is not None) != self._was_loud:
+            self._was_loud = loud_from is not None
             self._notify()

@@ -20,6 +20,10 @@ and speaks again; every `barge_in_every`-th reply is talked over by the next utt
 - success: the reply started, completed (or was cancelled by the barge-in) and played out, with
   no `error` event, no timeout and no dropped connection.
 
+Per level, what a call costs (agent/bench/capacity.py): the call plane's CPU per call, the
+callers' own, the server's pacing lateness p99, and calls per core while that stays under 20 ms.
+`--callers light` (agent/bench/light_caller.py) makes the callers far cheaper than the server.
+
 Levels of concurrency run one after the other on the same server; `--compare-sequential` also
 runs the first level on a server whose stages run one after the other (no overlap).
 """
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.bench.calls_report import TARGETS, report, summarise
+from agent.bench.capacity import best_calls_per_core
 from agent.bench.level import Plan
 from agent.bench.load import run_level
 from agent.bench.server import ServerProcess, ServerWatch, wait_calls_ended
@@ -55,6 +60,7 @@ class Options:
     barge_in_every: int = 3
     reply_tokens: int | None = None
     codec: str | None = None
+    callers: str = "full"  # full or light (agent/bench/light_caller.py)
     api_key: str | None = None
     compare_sequential: bool = False
     sequential_url: str | None = None
@@ -75,7 +81,7 @@ def bench_calls(options: Options) -> dict[str, Any]:
     base = Plan(url="", concurrency=1, speech=speech, turns=options.turns,
                 duration_s=options.duration_s, pause_s=options.pause_s,
                 barge_in_every=options.barge_in_every, reply_tokens=options.reply_tokens,
-                codec=options.codec, api_key=options.api_key)
+                codec=options.codec, api_key=options.api_key, callers=options.callers)
 
     def sweep(url: str, pid: int | None, levels: list[int]) -> list[dict[str, Any]]:
         out = []
@@ -93,6 +99,7 @@ def bench_calls(options: Options) -> dict[str, Any]:
                                   if k not in ("url", "concurrency", "speech", "api_key")},
                               "workers": workers, "targets": TARGETS, "sequential": None,
                               "cascade_vs_sequential": None}
+    result["calls_per_core"] = None
     top = max(options.concurrency)
     if options.url is not None:
         result["server_label"] = f"the server at {options.url}"
@@ -102,6 +109,7 @@ def bench_calls(options: Options) -> dict[str, Any]:
         with ServerProcess(options.profile, models_dir=options.models_dir,
                            max_calls=top) as server:
             result["levels"] = sweep(server.url, server.pid, options.concurrency)
+    result["calls_per_core"] = best_calls_per_core(result["levels"])
     if options.compare_sequential:
         first = min(options.concurrency)
         if options.sequential_url is not None:

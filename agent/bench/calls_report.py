@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.bench.capacity import PACING_LIMIT_MS, best_calls_per_core, callers_cpu_per_call
 from agent.bench.level import LevelRun
 
 TARGETS = {  # for the tiny family, at the caller
@@ -14,6 +15,7 @@ TARGETS = {  # for the tiny family, at the caller
     "ttfa_p50_ms_at_16": 500.0,
     "barge_in_stop_p95_ms": 300.0,
     "calls_held": 64,
+    "calls_per_core": 32,  # of the call plane, at a pacing lateness p99 under 20 ms
 }
 
 
@@ -72,6 +74,9 @@ def summarise(run: LevelRun) -> dict[str, Any]:
         "server": run.server,
         "samples": {"ttfa_ms": sorted(ttfa), "barge_in_stop_ms": sorted(barge)},
     }
+    call_seconds = sum(c.get("call_s") or 0.0 for c in connected)
+    level["capacity"] = {**(run.server or {}).pop("capacity", {}), "callers": run.plan.callers,
+                         "callers_cpu_per_call": callers_cpu_per_call(run.workers, call_seconds)}
     crashed = [c["crashed"] for c in connected if c.get("crashed")]
     if crashed:
         level["crashed"] = crashed[:3]
@@ -86,10 +91,13 @@ def report(result: dict[str, Any]) -> str:
     """The terminal table: one row per level, then the targets."""
     head = (f"{'calls':>5} {'held':>5} {'drop':>4} {'ok':>5} {'fail':>4} {'ttfa p50':>9} "
             f"{'p95':>6} {'-vad p50':>9} {'p95':>6} {'barge p50':>9} {'p95':>6} {'gap max':>8} "
-            f"{'late max':>8} {'turns/s':>7} {'srv lag p99':>11} {'gen lag p99':>11}")
+            f"{'late max':>8} {'turns/s':>7} {'srv lag p99':>11} {'gen lag p99':>11} "
+            f"{'pace p99':>8} {'srv cpu/call':>12} {'callers cpu/call':>16}")
     lines = [f"omnivox bench calls: {result['server_label']}; milliseconds at the caller "
              f"(ttfa: end of speech -> first reply audio; -vad: less the "
-             f"{fmt(result['levels'][0].get('silence_ms'))} ms end-of-turn silence)", head]
+             f"{fmt(result['levels'][0].get('silence_ms'))} ms end-of-turn silence; pace p99: "
+             f"the server's outbound frames against their clock; cpu/call: CPU seconds per "
+             f"call-second of the API process and of the {callers_of(result)} callers)", head]
     rows = [*result["levels"]]
     if result.get("sequential"):
         rows.append({**result["sequential"], "label": "seq"})
@@ -106,7 +114,7 @@ def report(result: dict[str, Any]) -> str:
             f"{fmt(level['barge_in_stop_ms']['p50']):>9} "
             f"{fmt(level['barge_in_stop_ms']['p95']):>6} {fmt(level['gaps_ms_max']):>8} "
             f"{fmt(level['late_ms_max']):>8} {level['turns_per_s']:>7.2f} {fmt(lag, 1):>11} "
-            f"{fmt(level['generator_loop_lag_p99_ms'], 1):>11}")
+            f"{fmt(level['generator_loop_lag_p99_ms'], 1):>11} {capacity_columns(level)}")
         if level["failures"] or level["refusals"]:
             lines.append(f"      failures {level['failures']} refusals {level['refusals']}")
         if level["errors"]:
@@ -121,6 +129,7 @@ def report(result: dict[str, Any]) -> str:
                      f"after the end-of-turn silence p50: {fmt(c['cascade_ms'])} vs "
                      f"{fmt(c['sequential_ms'])} ms: {fmt(c['ratio'], 2)}x sooner")
     lines += [f"target (tiny family): {line}" for line in verdicts(result["levels"])]
+    lines.append(capacity_verdict(result["levels"]))
     return "\n".join(lines)
 
 
@@ -152,3 +161,27 @@ def verdicts(levels: list[dict[str, Any]]) -> list[str]:
         out.append(f"{held} concurrent calls held without drops: {level['calls_connected']} "
                    f"connected, {level['calls_dropped']} dropped: {'met' if met else 'MISSED'}")
     return out
+
+
+def callers_of(result: dict[str, Any]) -> str:
+    return str((result["levels"][0].get("capacity") or {}).get("callers", "full"))
+
+
+def capacity_columns(level: dict[str, Any]) -> str:
+    capacity = level.get("capacity") or {}
+    plane, callers = capacity.get("call_plane_cpu_per_call"), capacity.get("callers_cpu_per_call")
+    return (f"{fmt(capacity.get('pacing_late_p99_ms'), 1):>8} "
+            f"{fmt(None if plane is None else plane * 100, 2) + '%':>12} "
+            f"{fmt(None if callers is None else callers * 100, 2) + '%':>16}")
+
+
+def capacity_verdict(levels: list[dict[str, Any]]) -> str:
+    """Calls per core of the call plane at the busiest level whose pacing stayed on time."""
+    best, want = best_calls_per_core(levels), TARGETS["calls_per_core"]
+    head = f"calls per core of the call plane at pacing p99 < {PACING_LIMIT_MS:.0f} ms"
+    if best is None:
+        return f"{head}: no level on time, or no server CPU and /metrics to judge it by"
+    met = best["calls_per_core"] >= want
+    return (f"{head}: {best['calls_per_core']:.1f} at {best['concurrency']} calls (pacing p99 "
+            f"{best['pacing_late_p99_ms']:.1f} ms); target >= {want}: "
+            f"{'met' if met else 'MISSED'}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+CALLERS = ("full", "light")
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -24,6 +26,7 @@ class Plan:
     turn_timeout_s: float = 60.0
     connect_timeout_s: float = 60.0
     seed: int = 0
+    callers: str = "full"  # full: aiortc's encoder and decoder; light: agent/bench/light_caller.py
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -36,6 +39,10 @@ class Plan:
             raise ValueError("duration_s must be positive")
         if self.barge_in_every < 0 or self.barge_in_every == 1:
             raise ValueError("barge_in_every must be 0 (never) or at least 2")
+        if self.callers not in CALLERS:
+            raise ValueError(f"callers must be one of {', '.join(CALLERS)}, not {self.callers!r}")
+        if self.callers == "light" and self.codec not in (None, "opus"):
+            raise ValueError("light callers speak Opus only")
         if not self.speech:
             raise ValueError("no utterances to speak")
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from agent.bench.call_script import connect_call, run_call
+from agent.bench.capacity import call_plane
 from agent.bench.level import LevelRun, Plan
 from agent.bench.server import ServerWatch, server_figures
 from agent.bench.speech import read_wav
@@ -69,9 +70,11 @@ async def _worker(plan: Plan, indices: list[int], out: Any, go: Any, start: Any)
         orphan.cancel()
         await asyncio.gather(*(c.hang_up() for _, c in callers), return_exceptions=True)
         p99 = float(np.percentile(lags, 99)) * 1e3 if lags else None
-        cores = (None if began is None or cpu_began is None else
-                 (time.process_time() - cpu_began) / max(1e-9, time.monotonic() - began))
-        out.put(("worker", {"pid": os.getpid(), "loop_lag_p99_ms": p99, "cpu_cores": cores}))
+        spent = None if cpu_began is None else time.process_time() - cpu_began
+        cores = (None if began is None or spent is None else
+                 spent / max(1e-9, time.monotonic() - began))
+        out.put(("worker", {"pid": os.getpid(), "loop_lag_p99_ms": p99, "cpu_cores": cores,
+                            "cpu_s": spent}))
 
 
 def run_level(plan: Plan, workers: int, watch: ServerWatch | None = None,
@@ -101,6 +104,7 @@ def run_level(plan: Plan, workers: int, watch: ServerWatch | None = None,
     connect_deadline = time.monotonic() + plan.connect_timeout_s * (
         1 + plan.concurrency / (CONNECTS_AT_ONCE * workers))
     started_at = None
+    at_go: tuple[Any, Any] = (None, None)  # the server's CPU and /metrics at the go
     all_reported: float | None = None  # when the last call's record arrived
     try:
         while len(finished) < workers:
@@ -116,6 +120,8 @@ def run_level(plan: Plan, workers: int, watch: ServerWatch | None = None,
                 if on_start is not None:
                     on_start(started_at)
                 go.set()
+                if watch is not None:
+                    at_go = (watch.cpu(), watch.snapshot())
                 bar.set_postfix_str(f"{sum(c['connected'] for c in calls.values())} connected")
             try:
                 kind, item = out.get(timeout=0.5)
@@ -144,6 +150,9 @@ def run_level(plan: Plan, workers: int, watch: ServerWatch | None = None,
     run = LevelRun(plan, [calls[i] for i in sorted(calls)], turns, finished, began,
                    started_at or ended_at, ended_at)
     if watch is not None:
-        run.server = server_figures(watch, run.started_at, ended_at, before, watch.snapshot(),
-                                    cpu_before, watch.cpu())
+        after, cpu_after = watch.snapshot(), watch.cpu()
+        run.server = server_figures(watch, run.started_at, ended_at, before, after,
+                                    cpu_before, cpu_after)
+        call_seconds = sum(c.get("call_s") or 0.0 for c in calls.values())
+        run.server["capacity"] = call_plane(at_go[0], cpu_after, at_go[1], after, call_seconds)
     return run

@@ -34,6 +34,29 @@ class Utterance:
         return (-self.samples % MIC_FRAME) / MIC_RATE
 
 
+class FrameClock:
+    """An absolute 20 ms clock: frame n is due at start + n * 20 ms; a clock this far behind
+    (a starved loop) re-anchors rather than sending a burst."""
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self.index = 0
+
+    async def tick(self) -> int:
+        """Wait for the next frame's time; its index."""
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+            return self.index
+        self.index += 1
+        due = self._start + self.index * 0.02
+        if now - due > MAX_LAG_S:
+            self._start = now - self.index * 0.02
+        elif due > now:
+            await asyncio.sleep(due - now)
+        return self.index
+
+
 class Microphone(MediaStreamTrack):
     """The caller's voice as an aiortc track: 20 ms frames of 16 kHz mono on an absolute clock,
     the utterance being said or silence; `on_edge(True/False)` when speech starts or ends."""
@@ -45,8 +68,7 @@ class Microphone(MediaStreamTrack):
         self.on_edge = on_edge
         self._pending = np.zeros(0, np.int16)
         self._speaking = False
-        self._start: float | None = None
-        self._index = 0
+        self._clock = FrameClock()
 
     def say(self, pcm: np.ndarray) -> None:
         """Say `pcm` (16 kHz) from the next frame on, after whatever is still being said."""
@@ -55,16 +77,7 @@ class Microphone(MediaStreamTrack):
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        else:
-            self._index += 1
-            due = self._start + self._index * 0.02
-            if now - due > MAX_LAG_S:
-                self._start = now - self._index * 0.02
-            elif due > now:
-                await asyncio.sleep(due - now)
+        index = await self._clock.tick()
         chunk, self._pending = self._pending[:MIC_FRAME], self._pending[MIC_FRAME:]
         if chunk.size and not self._speaking:
             self._speaking = True
@@ -76,6 +89,6 @@ class Microphone(MediaStreamTrack):
             chunk = np.pad(chunk, (0, MIC_FRAME - chunk.size))
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = MIC_RATE
-        frame.pts = self._index * MIC_FRAME
+        frame.pts = index * MIC_FRAME
         frame.time_base = fractions.Fraction(1, MIC_RATE)
         return frame
