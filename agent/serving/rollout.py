@@ -350,9 +350,15 @@ class Rollouts:
         if state is None or default is None or default.version != state.default:
             return []
         for version in state.serving:
-            if self.models.get(f"{state.name}@{version}") is None:
+            if self.models.get(f"{state.name}@{version}") is not None:
+                continue
+            try:
                 served = self._add(state.name, version, VersionState.SERVING)
-                self._restoring.append(asyncio.create_task(self._serve_again(served, default)))
+            except Exception as exc:  # its pipeline cannot even be built: the others still are
+                log.error("%s@%s, served before the restart, cannot be built again: %s",
+                          state.name, version, exc)
+                continue
+            self._restoring.append(asyncio.create_task(self._serve_again(served, default)))
         return self._restoring
 
     async def _serve_again(self, served: ServedVersion, default: ServedVersion) -> None:
