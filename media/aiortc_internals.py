@@ -8,7 +8,8 @@ what upstream offers or could offer instead:
   transceiver; the sender sends with the first. Used to encode the agent's audio in the event
   loop with the same codec (media/encoded_audio.py). W3C's `RTCRtpSender.getParameters()`
   would answer this; aiortc does not implement it (the answer SDP says the same, but parsing
-  it back means trusting the order aiortc writes it in).
+  it back means trusting the order aiortc writes it in). Also sorted in place so that
+  telephone-event, which an offer may list first, is never the codec the sender takes.
 - `RTCRtpReceiver.__jitter_buffer` (a JitterBuffer; mangled `_RTCRtpReceiver__jitter_buffer`):
   replaced to hold fewer packets before decoding than aiortc's 4 (each packet held delays the
   end of a turn and barge-in detection by 20 ms). aiortc has no setting for the receiver's
@@ -251,6 +252,12 @@ def accept_telephone_events() -> None:
         if not any(c.mimeType == codec.mimeType and c.clockRate == codec.clockRate
                    for c in audio):
             audio.append(codec)
+
+
+def put_codecs_last(transceiver: RTCRtpTransceiver, names: set[str]) -> None:
+    """Move `transceiver`'s negotiated codecs named in `names` after the others (aiortc's
+    sender sends with the first, and an offer may list telephone-event first)."""
+    negotiated_codecs(transceiver).sort(key=lambda codec: codec.name in names)
 
 
 def divert_rtp_packets(receiver: RTCRtpReceiver, payload_types: set[int],

@@ -24,6 +24,7 @@ from media.aiortc_internals import (
     accept_telephone_events,
     divert_rtp_packets,
     negotiated_codecs,
+    put_codecs_last,
     replace_jitter_buffer,
     send_rtp,
     wrap_data_channel_receive,
@@ -58,6 +59,8 @@ async def apply_offer(pc: RTCPeerConnection, offer_sdp: str) -> None:
     """Set the caller's offer as the remote description, minus mDNS candidates."""
     offer = RTCSessionDescription(sdp=without_mdns_candidates(offer_sdp), type="offer")
     await pc.setRemoteDescription(offer)
+    for transceiver in pc.getTransceivers():  # audio first, whatever order the offer lists
+        put_codecs_last(transceiver, {TELEPHONE_EVENT})
     if pc.sctp is not None:
         guard_data_channel_receive(pc.sctp)
 

@@ -137,6 +137,26 @@ async def test_telephone_events_are_negotiated_sent_raw_and_taken_before_the_dec
     await sender.close()
 
 
+async def test_an_offer_listing_telephone_event_first_is_answered_sending_audio() -> None:
+    accept_telephone_events()
+    caller = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    caller.addTransceiver("audio")
+    await caller.setLocalDescription(await caller.createOffer())
+    lines = caller.localDescription.sdp.splitlines()
+    events = [line for line in lines if "telephone-event" in line]
+    rest = [line for line in lines if line not in events]
+    first_codec = next(i for i, line in enumerate(rest) if line.startswith("a=rtpmap:"))
+    offer = "\r\n".join(rest[:first_codec] + events + rest[first_codec:]) + "\r\n"
+    server = new_peer_connection([])
+    await apply_offer(server, offer)
+    codecs = negotiated_codecs(server.getTransceivers()[0])
+    assert [c.name for c in codecs][-2:] == ["telephone-event"] * 2, codecs
+    assert sent_codec(server, server.getTransceivers()[0].sender) is codecs[0]
+    assert codecs[0].mimeType == "audio/opus"
+    await caller.close()
+    await server.close()
+
+
 async def test_text_that_is_not_utf8_arrives_as_bytes_and_the_call_goes_on(pair: Pair) -> None:
     await send_unchecked(pair.channel, WEBRTC_STRING, b"\xff\xfe not utf-8")
     pair.channel.send("after it")
