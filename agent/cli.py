@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_bench_asr(bench_cmd)
     add_bench_gpu(bench_cmd)
     add_bench_answers(bench_cmd)
+    add_bench_turn_ends(bench_cmd)
     add_sip(commands)
     return parser.parse_args(argv)
 
@@ -140,6 +141,18 @@ def add_bench_answers(bench_cmd: Any) -> None:
 
 def bench_answers(args: argparse.Namespace, settings: Settings) -> int:
     from agent.bench.answers import command
+
+    return command(args, settings)
+
+
+def add_bench_turn_ends(bench_cmd: Any) -> None:
+    from agent.bench.turn_ends import add_parser
+
+    add_parser(bench_cmd)
+
+
+def bench_turn_ends(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.bench.turn_ends import command
 
     return command(args, settings)
 
@@ -414,6 +427,7 @@ COMMANDS = {
     ("bench", "asr"): bench_asr,
     ("bench", "gpu"): bench_gpu,
     ("bench", "answers"): bench_answers,
+    ("bench", "turn-ends"): bench_turn_ends,
     ("sip", None): sip_bridge,
 }
 

@@ -32,6 +32,10 @@ class ConversationSettings(BaseModel):
     echo_guard_ms: int = Field(0, ge=0, description="ignore onsets this long after agent starts")
     create_response: bool = Field(True, description="answer each utterance automatically")
     server_vad: bool = Field(True, description="the VAD ends turns; off: the client commits them")
+    eagerness: Literal["low", "medium", "high", "auto"] | None = Field(
+        None, description="semantic_vad's eagerness: the Thinker judges at each pause whether "
+                          "the caller's words end the turn (agent/realtime/semantic_turns.py); "
+                          "None: server_vad, the silence alone")
     text_only: bool = Field(False, description="replies in text alone (output_modalities text)")
 
 

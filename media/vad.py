@@ -152,6 +152,14 @@ class VadSegmenter:
             return 0
         return (self._last_voiced_idx + 1 - self._start_idx) * FRAME_MS
 
+    def end_now(self) -> SpeechStopped | None:
+        """Close the utterance in progress now if the caller is in a pause (a `SpeechPaused`
+        went out and no voiced frame since): the turn is judged over before the end-of-turn
+        silence says so (semantic end of turn). None, and nothing changed, otherwise."""
+        if not (self._in_speech and self._paused):
+            return None
+        return self._close(capped=False)
+
     def reconfigure(self, config: VadConfig) -> None:
         """Apply new settings from the next frame on; speech in progress carries on."""
         self._apply(config)

@@ -24,6 +24,7 @@ class Turn:
     speak: bool = True  # False: the reply in text alone (no Talker, no VoiceBox, no audio)
     recite: str | None = None  # the reply is this text, voiced as written (speech synthesis)
     transcribe: bool = False  # only hear `audio`: a Transcript, then TurnDone (no reply)
+    score_end_of_turn: bool = False  # the Transcript says how likely the turn is over
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class Transcript:
 
     turn_id: str
     text: str
+    # The probability that the caller's turn ends with `text`, when the turn asked for it and
+    # the family can tell (pipeline.stage.ThinkerOutput.end_of_turn)
+    end_of_turn: float | None = None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ class ThinkerJob(msgspec.Struct, frozen=True, tag="thinker_job"):
     embeds: bool = True  # False: text only, nobody voices it (no embeddings for a Talker)
     recite: str | None = None  # the reply is this text, not the model's (speech synthesis)
     transcribe: bool = False  # hear `audio` and answer nothing: its transcript alone
+    # Also say how likely the transcript is a whole turn (ThinkerOutput.end_of_turn), for
+    # families that can tell; the others leave it None.
+    score_end_of_turn: bool = False
 
 
 class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):
@@ -56,6 +59,9 @@ class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):
     # (len(token_ids), hidden) float32: embeddings of these tokens (`StageContext.send_tensor`)
     embeds: TensorRef | None = None
     transcript: str | None = None  # what the caller said, when the family recognises speech
+    # With the transcript, when the job asked: the probability that the caller's turn ends
+    # with these words (the Thinker's end-of-turn token after them)
+    end_of_turn: float | None = None
     finished: bool = False
     finish_reason: str | None = None
     prompt_tokens: int = 0  # the request's prompt length (usage), once known

@@ -187,14 +187,16 @@ class TurnRun:
                 audio = await self.pool.put(turn.audio, self.settings.pool.put_timeout_s)
             job = ThinkerJob(self.request_id("thinker", 0), turn.messages, audio, turn.max_tokens,
                              turn.response_format, embeds=chunks is not None,
-                             recite=turn.recite, transcribe=turn.transcribe)
+                             recite=turn.recite, transcribe=turn.transcribe,
+                             score_end_of_turn=turn.score_end_of_turn)
             async with self._stream("thinker", job) as outputs:
                 async for out in outputs:
                     assert isinstance(out, ThinkerOutput)  # a stage answers its own jobs
                     embeds = self._receive("thinker", out.embeds)  # first: nothing may leak it
                     if out.transcript is not None:
                         self._mark("transcript_s")
-                        await self._emit(Transcript(turn.turn_id, out.transcript))
+                        await self._emit(Transcript(turn.turn_id, out.transcript,
+                                                    out.end_of_turn))
                     self._usage["thinker_tokens"] += len(out.token_ids)
                     if not out.text and not out.token_ids:
                         continue

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.realtime.semantic_turns import PAUSE_MS, turn_ending
 from agent.realtime.session_config import MAX_REPLY_TOKENS, aggressiveness
 from tests.audio_fixtures import speech_bounds
 from tests.product_calls import (
@@ -77,8 +78,7 @@ async def test_session_update_changes_the_session_and_says_so(
 
     # Bad values are errors naming the client event; nothing of that update is applied.
     bad = [{"max_output_tokens": 0, "instructions": "Not applied."},
-           {"audio": turn_detection(silence_duration_ms=-1)},
-           {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}]
+           {"audio": turn_detection(silence_duration_ms=-1)}]
     for i, fields in enumerate(bad):
         caller.send({"type": "session.update", "event_id": f"evt_bad{i}",
                      "session": {"type": "realtime", **fields}})
@@ -100,6 +100,32 @@ async def test_session_update_changes_the_session_and_says_so(
     updated = (await caller.wait_for("session.updated", count=3))["session"]
     assert updated["max_output_tokens"] == MAX_REPLY_TOKENS
     assert_valid_events(caller)
+
+
+async def test_semantic_vad_is_taken_and_server_vad_restores_the_silence(
+    tiny_server: Served, caller: RtcCaller
+) -> None:
+    """semantic_vad with an eagerness: the session says so, the VAD judges pauses and waits
+    that eagerness's silence; back to server_vad, OpenAI's default silence and no judged
+    pause. (What the judgement does is tests/test_semantic_turns.py's.)"""
+    session = session_of(tiny_server, caller)
+    update_session(caller, audio={"input": {"turn_detection": {"type": "semantic_vad",
+                                                               "eagerness": "high"}}})
+    detection = (await caller.wait_for("session.updated"))["session"]["audio"]["input"][
+        "turn_detection"]
+    assert (detection["type"], detection["eagerness"]) == ("semantic_vad", "high")
+    vad = session.call.vad.config
+    assert (vad.pause_ms, vad.silence_ms) == (PAUSE_MS, turn_ending("high").silence_ms)
+    assert session.settings.eagerness == "high"
+
+    update_session(caller, audio=turn_detection())
+    detection = (await caller.wait_for("session.updated", count=2))["session"]["audio"][
+        "input"]["turn_detection"]
+    assert detection["type"] == "server_vad"
+    vad = session.call.vad.config
+    assert (vad.pause_ms, vad.silence_ms) == (0, 500)
+    assert session.settings.eagerness is None
+    assert not caller.of_type("error")
 
 
 @pytest.mark.parametrize(("silence_ms", "utterances"), [(300, 2), (1500, 1)])

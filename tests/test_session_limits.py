@@ -112,6 +112,7 @@ async def test_never_ending_speech_is_committed_at_the_cap_and_answered(
 INTS = st.one_of(st.integers(-10, 100_000), st.integers(-(2**63), 2**63))
 TURN_DETECTION = st.fixed_dictionaries({}, optional={
     "type": st.sampled_from(["server_vad", "semantic_vad", "none", ""]),
+    "eagerness": st.sampled_from(["low", "medium", "high", "auto", "eager", ""]),
     "silence_duration_ms": INTS,
     "prefix_padding_ms": INTS,
     "threshold": st.floats(-2, 3),

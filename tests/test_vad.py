@@ -121,6 +121,31 @@ def test_speech_after_a_pause_resumes_the_utterance(speech: Speech) -> None:
     assert len(stopped.pcm) > len(first_pause.pcm)
 
 
+def test_end_now_closes_at_a_pause_and_nowhere_else(speech: Speech) -> None:
+    """end_now() (semantic end of turn) closes the utterance at a pause with the audio the
+    pause carried; in speech, or outside it, it does nothing."""
+    config = VadConfig(pause_ms=200, silence_ms=2000)
+    vad = VadSegmenter(config)
+    assert vad.end_now() is None  # nothing said yet
+    paused = None
+    for frame in frames_of(speech.pcm):
+        events = vad.push(frame)
+        if vad.in_speech and paused is None and not events:
+            assert vad.end_now() is None  # speaking, or silent for less than pause_ms
+        paused = next((e for e in events if isinstance(e, SpeechPaused)), paused)
+        if isinstance(paused, SpeechPaused):
+            break
+    assert isinstance(paused, SpeechPaused)
+    stopped = vad.end_now()
+    assert isinstance(stopped, SpeechStopped) and not stopped.capped
+    assert (stopped.audio_start_ms, stopped.audio_end_ms) == (
+        paused.audio_start_ms, paused.audio_end_ms)
+    np.testing.assert_array_equal(stopped.pcm, paused.pcm)
+    assert not vad.in_speech and vad.end_now() is None
+    # The rest of the clip's silence starts nothing new.
+    assert [e for frame in frames_of(silence(1000)) for e in vad.push(frame)] == []
+
+
 def test_two_utterances_on_one_timeline(speech: Speech) -> None:
     vad = VadSegmenter(VadConfig())
     offset_ms = len(speech.pcm) // SAMPLES_PER_MS

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -62,29 +63,35 @@ def spoken(questions: Sequence[Question]) -> list[np.ndarray]:
             for i, q in enumerate(questions)]
 
 
+@asynccontextmanager
+async def local_thinker(settings: dict[str, Any], models_dir: Path
+                        ) -> AsyncIterator[tuple[Any, BlockPool]]:
+    """The local family's Thinker stage started in this process with `settings`, and the
+    shared-memory pool its jobs' audio is written to."""
+    from pipeline.families.local.thinker import LocalThinker
+    from pipeline.stage import StageContext
+
+    pool = BlockPool.create(f"omnivox-bench-{os.getpid()}", block_count=4, block_size=1 << 21)
+    thinker = LocalThinker()
+    try:
+        await thinker.start(StageContext(pool, settings, str(models_dir), stage="thinker"))
+        try:
+            yield thinker, pool
+        finally:
+            await thinker.stop()
+    finally:
+        pool.close()
+        pool.unlink()
+
+
 async def ask_all(questions: Sequence[Question], settings: dict[str, Any], models_dir: Path,
                   audio: Sequence[np.ndarray] | None, max_tokens: int,
                   system: str) -> list[Answered]:
     """Each question put to a Thinker started here (typed, or as its `audio`), in order."""
-    from pipeline.families.local.thinker import LocalThinker
-    from pipeline.stage import StageContext
-
-    pool = BlockPool.create(f"omnivox-answers-{os.getpid()}", block_count=4, block_size=1 << 21)
-    thinker = LocalThinker()
-    try:
-        await thinker.start(StageContext(pool, settings, str(models_dir), stage="thinker"))
-    except BaseException:
-        pool.close()
-        pool.unlink()
-        raise
-    try:
+    async with local_thinker(settings, models_dir) as (thinker, pool):
         await _ask(thinker, pool, QUESTIONS[0], None, max_tokens, system, "warm-up")
         return [await _ask(thinker, pool, q, audio[i] if audio is not None else None,
                            max_tokens, system, f"q{i}") for i, q in enumerate(questions)]
-    finally:
-        await thinker.stop()
-        pool.close()
-        pool.unlink()
 
 
 async def _ask(thinker: Any, pool: BlockPool, question: Question, audio: np.ndarray | None,

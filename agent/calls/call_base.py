@@ -154,14 +154,26 @@ class CallBase:
                 if self.handler:
                     self.handler.on_speech_started(event, self._speech_item)
             else:
-                if event.capped:
-                    log.info("call %s: utterance cut at the %d ms cap", self.id,
-                             self.vad.config.max_utterance_ms)
-                item_id = self._speech_item or new_id("item")
-                self._speech_item = None
-                self.send_event(speech_stopped(item_id, event.audio_end_ms))
-                if self.handler:
-                    self.handler.on_speech_stopped(event, item_id)
+                self._speech_stopped(event)
+
+    def end_utterance(self) -> bool:
+        """End the caller's utterance at the pause it is in, as the end-of-turn silence would
+        (agent/realtime/semantic_turns.py); False when the caller is not in a pause."""
+        event = self.vad.end_now()
+        if event is None:
+            return False
+        self._speech_stopped(event)
+        return True
+
+    def _speech_stopped(self, event: SpeechStopped) -> None:
+        if event.capped:
+            log.info("call %s: utterance cut at the %d ms cap", self.id,
+                     self.vad.config.max_utterance_ms)
+        item_id = self._speech_item or new_id("item")
+        self._speech_item = None
+        self.send_event(speech_stopped(item_id, event.audio_end_ms))
+        if self.handler:
+            self.handler.on_speech_stopped(event, item_id)
 
     def _pause_or_resume(self, event: SpeechPaused | SpeechResumed) -> None:
         assert self.handler is not None

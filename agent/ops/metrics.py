@@ -48,6 +48,7 @@ DROPS = ("connect_timeout", "connection_failed")
 CANCELS = ("turn_detected", "client_cancelled")  # barge-in; response.cancel or a client cut
 MODEL_ENDPOINTS = ("chat_completions", "speech", "transcriptions")
 PREEMPTIVE = ("started", "used", "discarded")
+SEMANTIC_DECISIONS = ("ended", "waited")
 
 
 class Metrics:
@@ -109,6 +110,12 @@ class Metrics:
             "on)", ["outcome"], registry=r)
         for outcome in PREEMPTIVE:
             self.preemptive_replies.labels(outcome)
+        self.semantic_turn_ends = Counter(
+            "omnivox_semantic_turn_ends", "Pauses judged by semantic_vad: the caller's words "
+            "scored as a whole turn, so the turn ended at the pause (ended), or not (waited)",
+            ["decision"], registry=r)
+        for decision in SEMANTIC_DECISIONS:
+            self.semantic_turn_ends.labels(decision)
 
     def track(self, active_calls: Callable[[], int], pipeline: Any | None) -> None:
         """Read the live call count and (when there is one) the pipeline's state at scrape

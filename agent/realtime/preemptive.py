@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from pipeline.events import Turn
+from pipeline.events import Transcript, Turn
 
 # Events held before the turn is confirmed: a few hundred ms of the pipeline's output (text
 # deltas and audio chunks). Past this the pump waits, as a slow reply's playback makes it.
@@ -29,8 +29,13 @@ _END = object()
 class PreemptiveReply:
     """One speculative turn in the pipeline, its events held in a bounded queue."""
 
-    def __init__(self, pipeline: Any, turn: Turn) -> None:
+    def __init__(self, pipeline: Any, turn: Turn,
+                 on_transcript: Callable[[PreemptiveReply, Transcript], None] | None = None,
+                 ) -> None:
         self.pipeline, self.turn = pipeline, turn
+        # Told of the caller's words as soon as they are heard, while the events wait: the
+        # session judges the end of the turn on them (semantic_turns.py)
+        self._on_transcript = on_transcript
         self._events: asyncio.Queue[Any] = asyncio.Queue(HELD_EVENTS)
         self._error: BaseException | None = None
         self._pump = asyncio.ensure_future(self._run())
@@ -65,6 +70,8 @@ class PreemptiveReply:
     async def _run(self) -> None:
         try:
             async for event in self.pipeline.respond(self.turn):
+                if isinstance(event, Transcript) and self._on_transcript is not None:
+                    self._on_transcript(self, event)
                 await self._events.put(event)
         except asyncio.CancelledError:
             raise  # discarded: nobody reads on

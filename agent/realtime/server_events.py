@@ -41,21 +41,32 @@ def session_object(
         "audio": {
             "input": {
                 "format": pcm,
-                "turn_detection": {
-                    "type": "server_vad",
-                    # a threshold that client_events.aggressiveness maps back to this mode
-                    "threshold": (vad.aggressiveness + 0.5) / 4,
-                    "prefix_padding_ms": vad.preroll_ms,
-                    "silence_duration_ms": vad.silence_ms,
-                    "interrupt_response": conversation.barge_in,
-                    "create_response": conversation.create_response,
-                } if conversation.server_vad else None,
+                "turn_detection": turn_detection(conversation, vad),
             },
             "output": {"format": pcm, "voice": conversation.voice},
         },
         "max_output_tokens": conversation.max_reply_tokens,
         "tools": tools or [],
         "tool_choice": tool_choice,
+    }
+
+
+def turn_detection(conversation: ConversationSettings, vad: VadConfig) -> dict[str, Any] | None:
+    """The session's `turn_detection`: server_vad's settings, semantic_vad's eagerness, or
+    None when the client commits turns."""
+    if not conversation.server_vad:
+        return None
+    common = {"interrupt_response": conversation.barge_in,
+              "create_response": conversation.create_response}
+    if conversation.eagerness is not None:
+        return {"type": "semantic_vad", "eagerness": conversation.eagerness, **common}
+    return {
+        "type": "server_vad",
+        # a threshold that client_events.aggressiveness maps back to this mode
+        "threshold": (vad.aggressiveness + 0.5) / 4,
+        "prefix_padding_ms": vad.preroll_ms,
+        "silence_duration_ms": vad.silence_ms,
+        **common,
     }
 
 

@@ -20,6 +20,7 @@ from agent.realtime.history import Conversation
 from agent.realtime.playback import Playback
 from agent.realtime.preemptive import PreemptiveReply
 from agent.realtime.reply import Reply, State, done_events
+from agent.realtime.semantic_turns import ends_turn
 from agent.realtime.server_events import (
     assistant_item,
     conversation_item_created,
@@ -176,10 +177,22 @@ class Session:
         turn_id = f"{self.call.id}-turn{self._turns}"
         turn = self._turn(turn_id, event.pcm, self.settings.text_only, self.tools)
         with log_context(turn_id=turn_id):
-            self._preemptive = PreemptiveReply(self.pipeline, turn)
+            self._preemptive = PreemptiveReply(self.pipeline, turn, self._judge_pause)
         self.call.metrics.preemptive_replies.labels("started").inc()
         log.debug("call %s: preemptive turn %s at a %d ms pause", self.call.id, turn_id,
                   self.call.vad.config.pause_ms)
+
+    def _judge_pause(self, preemptive: PreemptiveReply, heard: Transcript) -> None:
+        """semantic_vad: end the turn at this pause when the Thinker scored the caller's words
+        as a whole turn (its reply is then the one under way), else let the silence decide."""
+        eagerness = self.settings.eagerness
+        if eagerness is None or preemptive is not self._preemptive:
+            return
+        ended = ends_turn(eagerness, heard.end_of_turn) and self.call.end_utterance()
+        self.call.metrics.semantic_turn_ends.labels("ended" if ended else "waited").inc()
+        log.info("call %s: %r scored %s as a whole turn: %s", self.call.id, heard.text,
+                 "unscored" if heard.end_of_turn is None else f"{heard.end_of_turn:.2f}",
+                 "turn ended at the pause" if ended else "waiting")
 
     def on_speech_resumed(self, event: SpeechResumed) -> None:
         """The caller went on after a pause: the turn started there is not wanted."""
@@ -293,6 +306,7 @@ class Session:
             voice=self.settings.voice,
             response_format=answer_format,
             speak=not text_only and not in_json,
+            score_end_of_turn=self.settings.eagerness is not None and audio is not None,
         )
 
     def announce(self, reply: Reply) -> None:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from agent.config import ConversationSettings
 from agent.realtime.function_calls import SessionTools, ToolsError, configure_tools
 from agent.realtime.history import Conversation
+from agent.realtime.semantic_turns import semantic_vad, server_vad
 from media.vad import VadConfig
 
 MAX_REPLY_TOKENS = 4096  # what "inf" means here: the Thinker's context bounds it anyway
@@ -71,7 +72,7 @@ def configure(update: Any, current: SessionConfig) -> SessionConfig:
         conversation.server_vad = False  # `turn_detection: null`: the client commits turns
     if detection is not None:
         conversation.server_vad = True
-        vad = _vad(detection, vad)
+        vad = _vad(detection, vad, conversation)
         if detection.interrupt_response is not None:
             conversation.barge_in = detection.interrupt_response
         if detection.create_response is not None:
@@ -90,10 +91,18 @@ def text_only(output_modalities: list[str]) -> bool:
     return "audio" not in output_modalities
 
 
-def _vad(detection: Any, current: VadConfig) -> VadConfig:
-    """The VAD settings `detection` asks for; SessionConfigError if they are not valid."""
+def _vad(detection: Any, current: VadConfig, conversation: ConversationSettings) -> VadConfig:
+    """The VAD settings `detection` asks for (and the conversation's eagerness);
+    SessionConfigError if they are not valid."""
+    if detection.type == "semantic_vad":
+        conversation.eagerness = detection.eagerness or conversation.eagerness or "auto"
+        return semantic_vad(current, conversation.eagerness)
     if detection.type != "server_vad":
-        raise SessionConfigError(f"turn_detection {detection.type!r} is not supported (server_vad)")
+        raise SessionConfigError(f"turn_detection {detection.type!r} is not supported "
+                                 "(server_vad, semantic_vad)")
+    if conversation.eagerness is not None:  # from semantic_vad: its pause and silence go
+        conversation.eagerness = None
+        current = server_vad(current)
     changes: dict[str, int] = {}
     if detection.silence_duration_ms is not None:
         changes["silence_ms"] = detection.silence_duration_ms

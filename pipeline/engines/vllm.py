@@ -83,6 +83,9 @@ class EngineSettings:
         return cls(**settings)
 
 
+TOP_LOGPROBS = 20  # the next-token candidates a score reads (vLLM's default max_logprobs)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How one request samples: length, temperature, constraints."""
@@ -198,6 +201,25 @@ class VllmEngine:
                 completion = output.outputs[0]
                 yield Delta(completion.text, list(completion.token_ids), output.finished,
                             completion.finish_reason)
+
+    async def next_token_logprobs(self, request_id: str, prompt: list[int],
+                                  top: int = TOP_LOGPROBS) -> dict[int, float]:
+        """The `top` likeliest next tokens after `prompt` with their log probabilities, from
+        the model's raw distribution (one prefill, one token, nothing kept): how likely a
+        continuation is (an end-of-turn token after a caller's words,
+        pipeline/families/end_of_turn.py)."""
+        from vllm.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=top, detokenize=False)
+        ranked: dict[int, Any] = {}
+        async with aclosing(self.llm.generate({"prompt_token_ids": prompt}, params,
+                                              request_id)) as outputs:
+            async for output in outputs:
+                steps = output.outputs[0].logprobs
+                ranked = steps[0] if steps else ranked
+        if not ranked:
+            raise RuntimeError(f"the engine returned no logprobs for request {request_id}")
+        return {token: float(entry.logprob) for token, entry in ranked.items()}
 
     async def abort(self, request_ids: list[str]) -> None:
         """Abort these requests; their streams end with finish_reason 'abort'."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
 from pipeline.families.context_window import fit_history, reply_budget
+from pipeline.families.end_of_turn import end_of_turn_prompt, probability
 from pipeline.families.local.build import ASR_DIR, LLM_DIR
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from pipeline.families.local.stage_support import family_dir
@@ -106,7 +107,10 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
             messages = list(job.messages)
             if job.audio is not None:
                 transcript = await self.hearing.run(self._hear, job.audio, messages)
-                yield ThinkerOutput(rid, transcript=transcript)
+                end_of_turn = None
+                if job.score_end_of_turn and transcript:
+                    end_of_turn = await self._end_of_turn(rid, messages, transcript)
+                yield ThinkerOutput(rid, transcript=transcript, end_of_turn=end_of_turn)
                 if not transcript or job.transcribe:
                     reason = "stop" if transcript else "no_speech"
                     yield ThinkerOutput(rid, finished=True, finish_reason=reason)
@@ -136,12 +140,29 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
             assert isinstance(samples, np.ndarray)  # blocks alone are read as a numpy view
             return self.recognizer.transcribe(samples, context)
 
+    async def _end_of_turn(self, rid: str, messages: list[dict[str, str]], words: str) -> float:
+        """The probability the chat model gives the end of the caller's message after `words`
+        (pipeline/families/end_of_turn.py), with the prompt a reply would have before them."""
+        prompt, closing = await self.prompting.run(self._end_of_turn_ids, messages, words)
+        return probability(await self.engine.next_token_logprobs(f"{rid}-eot", prompt), closing)
+
+    def _end_of_turn_ids(self, messages: list[dict[str, str]],
+                         words: str) -> tuple[list[int], int]:
+        """The scored prompt: the oldest turns go, as for a reply, when it is too long."""
+        said = [*self._with_examples(messages), {"role": "user", "content": words}]
+        fitted = fit_history(said, lambda m: len(self._template_ids(m)), 1, self.max_model_len)
+        return end_of_turn_prompt(self.tokenizer, fitted[:-1], words)
+
+    def _with_examples(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The system message (the default one if none), the worked examples, the rest."""
+        if not messages or messages[0].get("role") != "system":
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        return [messages[0], *self.examples, *messages[1:]]
+
     def prompt_ids(self, messages: list[dict[str, str]], max_tokens: int) -> list[int]:
         """The chat-templated prompt's token ids, the examples after the system message; the
         oldest turns (the examples first) go when it is too long."""
-        if not messages or messages[0].get("role") != "system":
-            messages = [{"role": "system", "content": self.system_prompt}, *messages]
-        messages = [messages[0], *self.examples, *messages[1:]]
+        messages = self._with_examples(messages)
         fitted = fit_history(messages, lambda m: len(self._template_ids(m)), max_tokens,
                              self.max_model_len)
         return self._template_ids(fitted)
