@@ -18,6 +18,7 @@ from agent.realtime.server_events import (
     user_text_item,
 )
 from agent.realtime.session_config import configure, text_only
+from agent.realtime.voices import VOICE_PARAM, unknown_voice
 from media.audio_format import SAMPLE_RATE
 
 if TYPE_CHECKING:
@@ -63,6 +64,13 @@ class ClientEvents:
         live = self.session
         try:
             config = configure(event.session, live.config())
+            voice = config.conversation.voice
+            refused = unknown_voice(voice, live.pipeline) if voice != live.settings.voice else None
+            if refused is not None:
+                live.call.send_event(error_event(f"session.update: {refused}",
+                                                 code="invalid_value", event_id=event.event_id,
+                                                 param=VOICE_PARAM))
+                return
             model = getattr(event.session, "model", None)
             if model is not None:  # taken up at the next turn boundary (serving/binding.py)
                 live.pin(model)

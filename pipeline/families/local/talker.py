@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pipeline.families.local.phonemizer import EspeakPhonemizer, PhonemeMap
 from pipeline.families.local.speech_text import speakable, split_phrases
 from pipeline.families.local.stage_support import voice_files
+from pipeline.families.voices import FAMILY_VOICES
 from pipeline.stage import Stage, StageContext, TalkerJob, TalkerOutput
 
 
@@ -35,7 +36,7 @@ def group_phrases(phonemes: list[str], first_group: int, group: int) -> list[str
     return groups
 
 
-VOICES = ("default",)  # en_US-joe-medium
+VOICES = FAMILY_VOICES["local"]  # en_US-joe-medium
 
 
 class LocalTalker(Stage[TalkerJob, TalkerOutput]):

@@ -14,10 +14,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.families.tiny.qwen2 import INIT_STD, load_embedding_table
+from pipeline.families.voices import FAMILY_VOICES
 
 # A directory of its own: vLLM loads every *.safetensors beside the LLM's config.json.
 EXTRA_DIR = "talker_extra"
-VOICES = ("default", "bright")
+VOICES = FAMILY_VOICES["tiny"]
 N_CODES = 256  # speech codes are token ids 0..255; specials follow
 BOS, EOS, PAD, SEP = N_CODES, N_CODES + 1, N_CODES + 2, N_CODES + 3
 VOCAB_SIZE = N_CODES + 4
