@@ -5,18 +5,22 @@ Checked: the call is answered, the server's leg is G.711 only (the bridge's offe
 Opus and no data channel), the phone hears the agent answer its question (RTP with sound at
 the phone's RTP address), a BYE from the phone ends the server's call, and the server ending
 its call (`POST /v1/realtime/calls/{id}/hangup`) sends the phone a BYE; a hold re-INVITE is
-answered and the call goes on; a phone without G.711 is refused.
+answered and the call goes on; a phone without G.711 is refused; the keys the phone presses
+arrive as events on the call's sideband.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect
 
 from tests.product_calls import wait_until
 from tests.served import Served
@@ -131,3 +135,24 @@ async def test_concurrent_phone_calls_hold(
     loud = sorted(heard.loud_by_source.values())
     print(f"sip soak: {SOAK_CALLS} calls held; loud packets heard per call: {loud}")
     assert len(answered) == SOAK_CALLS, heard.loud_by_source
+
+
+async def test_keys_the_phone_presses_arrive_as_events_on_the_sideband(
+    tiny_server: Served, bridge: str, phone_folder: Path
+) -> None:
+    """The phone presses 1, # and 5 (RFC 4733 on its RTP); the bridge relays each as RFC 4733
+    on its WebRTC leg; the server's call sends `input_audio_buffer.dtmf_event_received` for
+    each, seen here on the call's sideband WebSocket."""
+    events: list[dict[str, Any]] = []
+    async with (recording_rtp() as (sink, _),
+                sipp_call("phone_sends_dtmf.xml", bridge, phone_folder, sink) as sipp):
+        call_id, offer = await bridged_call(tiny_server)
+        url = tiny_server.url.replace("http://", "ws://") + f"/v1/realtime?call_id={call_id}"
+        async with asyncio.timeout(60), connect(url) as sideband:
+            async for message in sideband:  # until the call ends, which closes the sideband
+                events.append(json.loads(message))
+        rc, out = await sipp_result(sipp, 60)
+    assert rc == 0, out
+    assert "telephone-event/8000" in offer[offer.index("m=audio"):], offer
+    pressed = [e for e in events if e["type"] == "input_audio_buffer.dtmf_event_received"]
+    assert [e["event"] for e in pressed] == ["1", "#", "5"], events
