@@ -21,12 +21,14 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from agent.bench.call_script import GAP_MS
 from agent.bench.calls_report import report, summarise
 from agent.bench.level import Plan
+from agent.bench.light_caller import SILENT_MAX_BYTES, PacketCache
 from agent.bench.load import run_level
 from agent.bench.server import ServerWatch, histogram_quantile, parse_samples
 from agent.bench.speech import read_wav, utterance_wavs
 from agent.cli import parse_args, pipeline_overrides
 from agent.config import Settings
 from agent.profiles import pipeline_settings
+from media.pacing import PacingLateness
 from tests.conftest import wait_idle
 from tests.served import Served
 
@@ -189,3 +191,28 @@ def test_utterances_are_cached_trimmed_16k(tmp_path: Path) -> None:
     stamp = Path(first[0]).stat().st_mtime_ns
     assert utterance_wavs(["Hello there."], tmp_path) == first
     assert Path(first[0]).stat().st_mtime_ns == stamp  # made once
+
+
+def test_light_callers_packets_tell_silence_from_speech(tmp_path: Path) -> None:
+    """An utterance is one Opus packet per 20 ms (its last frame padded), encoded once; digital
+    silence codes small enough for a light caller to tell it from speech by size alone."""
+    pcm, rate = read_wav(utterance_wavs(["Hello there."], tmp_path)[0])
+    cache = PacketCache()
+    packets = cache.packets(pcm)
+    assert len(packets) == -(-len(pcm) // (rate // 50))
+    assert cache.packets(pcm) is packets  # made once
+    assert len(cache.silence) <= SILENT_MAX_BYTES
+    loud = sum(len(p) > SILENT_MAX_BYTES for p in packets)
+    assert loud >= 0.9 * len(packets), [len(p) for p in packets]
+
+
+def test_pacing_lateness_recent_p99() -> None:
+    lateness = PacingLateness()
+    for _ in range(99):
+        lateness.observe(0.004, now=100.0)  # on time
+    lateness.observe(0.3, now=100.0)
+    assert lateness.recent_quantile(0.99, 5.0, now=101.0) == 0.005
+    lateness.observe(0.3, now=101.0)  # 2 of 101 late: the p99 is late
+    assert lateness.recent_quantile(0.99, 5.0, now=101.0) == 0.5
+    assert lateness.recent_quantile(0.99, 5.0, now=110.0) == 0.0  # the window moved on
+    assert sum(lateness.counts) == 101 and lateness.total_s == pytest.approx(0.996)
