@@ -35,9 +35,9 @@ class TurnEnding:
 
 
 EAGERNESS: dict[str, TurnEnding] = {
-    "low": TurnEnding(threshold=0.7, silence_ms=2500),
-    "medium": TurnEnding(threshold=0.5, silence_ms=1500),
-    "high": TurnEnding(threshold=0.3, silence_ms=800),
+    "low": TurnEnding(threshold=0.5, silence_ms=2000),
+    "medium": TurnEnding(threshold=0.25, silence_ms=1200),
+    "high": TurnEnding(threshold=0.1, silence_ms=800),
 }
 
 

@@ -1,10 +1,13 @@
 """How likely a caller's words so far are a whole turn, as a chat model sees it.
 
-A chat template closes each user message with a token of its own (`<|im_end|>` in ChatML). The
-probability the model gives that token right after the caller's words is its judgement that
-they finished speaking: high after "What is the capital of France?", low after "I'd like to
-book a table for". Small turn-detector models are trained for exactly this; an instruction-tuned
-Thinker already knows it from its chat data, so the profile's own model scores it.
+The words as the recogniser heard them, less the punctuation it closed them with (Whisper puts
+a "?" after "Can you tell me how to get to" as readily as after a finished question), go into
+the chat template as the caller's message, left open. The model's probability that the next
+token ends the sentence (".", "?", "!") or the message (the template's closing token) is its
+judgement that the caller finished: 0.86-0.99 after "Where do penguins live", 0.000 after "I'd
+like to book a table for" with SmolLM2-135M. Small turn-detector models are trained for
+exactly this; an instruction-tuned Thinker knows it from its chat data, so the profile's own
+model scores it.
 """
 
 from __future__ import annotations
@@ -12,13 +15,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+SENTENCE_ENDS = ("?", "!", ".")
+TRAILING = " \t\n.?!,;:…"  # what a recogniser closes an utterance with
+
 
 def end_of_turn_prompt(tokenizer: Any, messages: list[dict[str, str]],
-                       words: str) -> tuple[list[int], int]:
-    """Token ids of the chat-templated `messages` with the caller's `words` as the last user
-    message, up to those words; and the token the template closes that message with."""
+                       heard: str) -> tuple[list[int], int] | None:
+    """Token ids of the chat-templated `messages` with the caller's words as the last user
+    message, left open after them; and the token the template closes that message with.
+    None when `heard` holds no words."""
+    words = heard.rstrip(TRAILING)
     if not words:
-        raise ValueError("no words to score")
+        return None
     conversation = [*messages, {"role": "user", "content": words}]
     text = tokenizer.apply_chat_template(conversation, tokenize=False,
                                          add_generation_prompt=False)
@@ -30,7 +38,14 @@ def end_of_turn_prompt(tokenizer: Any, messages: list[dict[str, str]],
     return prefix, closing[0]
 
 
-def probability(logprobs: dict[int, float], token: int) -> float:
-    """`token`'s probability among the likeliest next tokens; 0 when it is not one of them
-    (less likely than every one of them: no judgement turns on that difference)."""
-    return math.exp(logprobs[token]) if token in logprobs else 0.0
+def ends_sentence(tokenizer: Any, token: int) -> bool:
+    """Whether `token` ends a sentence ("?", "!", "." but not an ellipsis, which trails off)."""
+    text = tokenizer.decode([token]).strip()
+    return text[:1] in SENTENCE_ENDS and not text.startswith("..")
+
+
+def probability(tokenizer: Any, logprobs: dict[int, float], closing: int) -> float:
+    """The probability that the next token ends the sentence or the message, summed over the
+    likeliest next tokens (those less likely than all of them count for nothing)."""
+    return min(1.0, sum(math.exp(logprob) for token, logprob in logprobs.items()
+                        if token == closing or ends_sentence(tokenizer, token)))

@@ -141,13 +141,17 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
             return self.recognizer.transcribe(samples, context)
 
     async def _end_of_turn(self, rid: str, messages: list[dict[str, str]], words: str) -> float:
-        """The probability the chat model gives the end of the caller's message after `words`
-        (pipeline/families/end_of_turn.py), with the prompt a reply would have before them."""
-        prompt, closing = await self.prompting.run(self._end_of_turn_ids, messages, words)
-        return probability(await self.engine.next_token_logprobs(f"{rid}-eot", prompt), closing)
+        """The probability the chat model gives the end of the caller's sentence or message
+        after `words` (pipeline/families/end_of_turn.py), with a reply's prompt before them."""
+        scored = await self.prompting.run(self._end_of_turn_ids, messages, words)
+        if scored is None:
+            return 0.0
+        prompt, closing = scored
+        logprobs = await self.engine.next_token_logprobs(f"{rid}-eot", prompt)
+        return probability(self.tokenizer, logprobs, closing)
 
     def _end_of_turn_ids(self, messages: list[dict[str, str]],
-                         words: str) -> tuple[list[int], int]:
+                         words: str) -> tuple[list[int], int] | None:
         """The scored prompt: the oldest turns go, as for a reply, when it is too long."""
         said = [*self._with_examples(messages), {"role": "user", "content": words}]
         fitted = fit_history(said, lambda m: len(self._template_ids(m)), 1, self.max_model_len)
