@@ -341,7 +341,14 @@ async def test_each_turn_hands_the_thinker_the_conversation_so_far(
     say(caller, "Tell me a long story.")
     await caller.wait_for("output_audio_buffer.started", count=2, timeout=60)
     reply, outbound = session.audible_reply(), session.call.outbound
-    await wait_until(lambda: reply.played_ms(outbound.played_ms) >= 1500, 20, "1.5 s of audio")
+
+    def heard_a_word() -> bool:
+        """1.5 s and a whole word played: a random-weight reply's first text chunk (bytes, few
+        spaces) may voice for seconds before its first whole word is heard."""
+        played = reply.played_ms(outbound.played_ms)
+        return played >= 1500 and reply.spoken.heard(reply.text, played) != ""
+
+    await wait_until(heard_a_word, 30, "1.5 s and a whole word played")
     caller.send({"type": "output_audio_buffer.clear"})  # cut off: only part was heard
     await caller.wait_for("conversation.item.truncated", timeout=10)
     second = await caller.wait_for("response.done", count=2, timeout=30)

@@ -28,10 +28,19 @@ QUESTION = "What is the capital of France?"
 SENTENCE = "The weather is sunny and warm today."
 
 
+# Contractions Whisper may write for the words said ("The weather is" heard as "the
+# weather's"): the same words, not two errors.
+CONTRACTIONS = ((r"(\w)'s\b", r"\1 is"), (r"(\w)'re\b", r"\1 are"), (r"n't\b", " not"),
+                (r"(\w)'m\b", r"\1 am"), (r"(\w)'ll\b", r"\1 will"))
+
+
 def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate, case and punctuation aside."""
+    """Word error rate, case, punctuation and contractions aside."""
     def words(text: str) -> str:
-        return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
+        text = text.lower()
+        for pattern, replacement in CONTRACTIONS:
+            text = re.sub(pattern, replacement, text)
+        return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text).split())
     return jiwer.wer(words(reference), words(hypothesis))
 
 
