@@ -11,6 +11,7 @@ from aiosipua import SdpNegotiationError, SipDigestAuth, SipRequest, parse_sdp
 from aiosipua.auth import build_credentials
 from aiosipua.headers import parse_auth, stringify_auth
 
+from agent.sip import aiosipua_internals
 from agent.sip.digest import NONCE_TTL_S, DigestGuard
 from agent.sip.phone_leg import PhoneLeg, PhoneOfferError
 from agent.sip.phone_track import FRAME_BYTES, FRAME_SAMPLES, QUEUED_FRAMES, PhoneAudioTrack
@@ -113,6 +114,10 @@ def authorised_invite(guard: DigestGuard, user: str, password: str,
     invite = SipRequest(method="INVITE", uri=uri)
     invite.set_header("Authorization", stringify_auth(credentials))
     return invite
+
+
+def test_the_aiosipua_internals_the_bridge_reaches_are_there() -> None:
+    aiosipua_internals.check()
 
 
 def test_digest_guard_admits_the_right_password_only() -> None:

@@ -14,6 +14,7 @@ from aiortp import PortAllocator
 from aiosipua import IncomingCall, SipRequest, SipUAS
 from aiosipua.transport import SipTransport
 
+from agent.sip.aiosipua_internals import reject_with_headers
 from agent.sip.bridged_call import BridgedCall
 from agent.sip.digest import DigestGuard
 from agent.sip.reinvite import answer_reinvite
@@ -66,10 +67,8 @@ class SipListener:
     def _on_invite(self, sip: IncomingCall) -> None:
         if self._guard is not None and not self._guard.admits(sip.invite):
             log.info("call %s: no valid credentials; 401 with a challenge", sip.call_id)
-            # IncomingCall.reject() sends no extra headers: the same, with WWW-Authenticate.
-            sip._send_response(401, "Unauthorized",
-                               extra_headers={"WWW-Authenticate": self._guard.challenge()})
-            sip.dialog.terminate()
+            reject_with_headers(sip, 401, "Unauthorized",
+                                {"WWW-Authenticate": self._guard.challenge()})
             return
         if len(self.calls) >= self.settings.max_calls:
             log.warning("call %s refused: %d calls live", sip.call_id, len(self.calls))
