@@ -28,7 +28,7 @@ from agent.bench.asr_corpus import Corpus, Utterance, load_or_build
 from agent.bench.report import write_json
 from agent.config import DEFAULT_INSTRUCTIONS
 from agent.realtime.semantic_turns import EAGERNESS, PAUSE_MS, TurnEnding
-from media.audio_format import FRAME_SAMPLES
+from media.audio_format import FRAME_SAMPLES, SAMPLES_PER_MS
 from media.vad import SpeechPaused, SpeechResumed, SpeechStopped, VadConfig, VadSegmenter
 from pipeline.stage import ThinkerJob
 
@@ -66,7 +66,8 @@ def pauses_of(pcm: np.ndarray) -> list[tuple[SpeechPaused, int]]:
     """Each pause of `pcm` (16 kHz) followed by TAIL_MS of silence, with its silence's length,
     as a VAD that marks PAUSE_MS pauses and never closes sees them."""
     vad = VadSegmenter(VadConfig(pause_ms=PAUSE_MS, silence_ms=10_000))
-    audio = np.concatenate([pcm, np.zeros(TAIL_MS * 16 + (-len(pcm)) % FRAME_SAMPLES, np.int16)])
+    tail = TAIL_MS * SAMPLES_PER_MS + (-len(pcm)) % FRAME_SAMPLES
+    audio = np.concatenate([pcm, np.zeros(tail, np.int16)])
     found: list[tuple[SpeechPaused, int]] = []
     for frame in audio.reshape(-1, FRAME_SAMPLES):
         for event in vad.push(frame):
@@ -119,10 +120,15 @@ def ending(judged: Judged, mode: TurnEnding) -> Ending:
     raise AssertionError("the tail's silence outlasts every mode's")
 
 
+def p90(values: Sequence[float]) -> float:
+    """The 90th percentile, the nearest value below (as the README's figures were taken)."""
+    return float(np.percentile(values, 90, method="lower"))
+
+
 def summary(judged: Sequence[Judged], name: str, mode: TurnEnding) -> dict[str, Any]:
     questions = [ending(j, mode) for j in judged if j.utterance.kind == "question"]
     unfinished = [ending(j, mode) for j in judged if j.utterance.kind == "unfinished"]
-    whole = sorted(e.delay_ms for e in questions if not e.cut)
+    whole = [e.delay_ms for e in questions if not e.cut]
     return {
         "mode": name,
         "threshold": mode.threshold,
@@ -130,7 +136,7 @@ def summary(judged: Sequence[Judged], name: str, mode: TurnEnding) -> dict[str, 
         "questions": len(questions),
         "questions_cut": sum(e.cut for e in questions),
         "end_ms_p50": statistics.median(whole) if whole else None,
-        "end_ms_p90": whole[int(0.9 * (len(whole) - 1))] if whole else None,
+        "end_ms_p90": p90(whole) if whole else None,
         "unfinished": len(unfinished),
         "unfinished_cut": sum(e.cut for e in unfinished),
     }
@@ -138,9 +144,9 @@ def summary(judged: Sequence[Judged], name: str, mode: TurnEnding) -> dict[str, 
 
 def print_table(rows: Sequence[dict[str, Any]], judged: Sequence[Judged]) -> None:
     last = [j.pauses[-1] for j in judged if j.utterance.kind == "question"]
-    judged_ms = sorted(p.judged_ms for j in judged for p in j.pauses)
+    judged_ms = [p.judged_ms for j in judged for p in j.pauses]
     print(f"\njudgement (hear + score) p50 {statistics.median(judged_ms):.0f} ms, "
-          f"p90 {judged_ms[int(0.9 * (len(judged_ms) - 1))]:.0f} ms; finished questions scored "
+          f"p90 {p90(judged_ms):.0f} ms; finished questions scored "
           f">= 0.5 at their end: {sum((p.end_of_turn or 0) >= 0.5 for p in last)}/{len(last)}")
     print(f"\n{'mode':<22} {'ends after a finished question':>30} {'cut':>12} {'cut':>12}")
     print(f"{'':<22} {'p50 ms':>15} {'p90 ms':>14} {'questions':>12} {'unfinished':>12}")
