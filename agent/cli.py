@@ -109,6 +109,11 @@ def add_bench_calls(bench_cmd: Any) -> None:
                        "(default: full, aiortc's encoder and decoder)")
     calls.add_argument("--api-key", default=os.environ.get("OMNIVOX_API_KEY"),
                        help="Bearer key for a server with API keys (or OMNIVOX_API_KEY)")
+    calls.add_argument("--turn-detection", choices=("server_vad", "semantic_vad"), default=None,
+                       help="the callers' session.update turn_detection.type (default: the "
+                       "server's, server_vad with a 500 ms silence)")
+    calls.add_argument("--eagerness", choices=("low", "medium", "high", "auto"), default=None,
+                       help="semantic_vad's eagerness (default: auto)")
     calls.add_argument("--compare-sequential", action="store_true",
                        help="also run the lowest level on a server whose stages do not overlap")
     calls.add_argument("--sequential-url",
@@ -402,6 +407,8 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandLineError("bench calls: --barge-in-every must be 0 or at least 2")
     if args.sequential_url and not args.url:
         raise CommandLineError("bench calls: --sequential-url goes with --url")
+    if args.eagerness and args.turn_detection != "semantic_vad":
+        raise CommandLineError("bench calls: --eagerness goes with --turn-detection semantic_vad")
     if args.url and args.compare_sequential and not args.sequential_url:
         raise CommandLineError("bench calls: --compare-sequential with --url needs "
                                "--sequential-url (a server started with --sequential-stages)")
@@ -410,7 +417,8 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         profile=settings.profile, models_dir=settings.models_dir,
         workers=args.workers, pause_s=args.pause, barge_in_every=args.barge_in_every,
         reply_tokens=args.reply_tokens, codec=args.codec, api_key=args.api_key,
-        callers=args.callers, compare_sequential=args.compare_sequential,
+        callers=args.callers, turn_detection=args.turn_detection, eagerness=args.eagerness,
+        compare_sequential=args.compare_sequential,
         sequential_url=args.sequential_url,
         speech_dir=args.speech_dir, json_path=args.json_path, plots_dir=args.plots_dir,
         progress=not args.no_progress))

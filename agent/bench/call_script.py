@@ -18,6 +18,7 @@ from agent.bench.level import Plan
 from agent.bench.light_caller import LightCaller
 from agent.bench.microphone import Utterance
 from agent.bench.speech import MIC_RATE
+from agent.bench.turn_stamps import turn_stamps
 
 SAMPLE_RATE = MIC_RATE  # the callers' microphones run at 16 kHz
 GAP_MS = 100  # a silence this long inside a reply counts as a gap
@@ -46,6 +47,8 @@ class TurnRecord:
     status: str | None = None  # the reply's response.done status
     started_at: float = 0.0
     ended_at: float = 0.0
+    response_id: str | None = None
+    speech_end_unix: float | None = None  # the caller's end of speech, wall clock (turn_stamps)
 
 
 async def speak_turn(caller: BenchCaller, plan: Plan, record: TurnRecord, pcm: np.ndarray,
@@ -60,6 +63,9 @@ async def speak_turn(caller: BenchCaller, plan: Plan, record: TurnRecord, pcm: n
     end = await caller.wait_until(lambda: utterance.end, timeout, "the utterance's end")
     created_at, response_id = await caller.wait_until(
         lambda: caller.response_created_after(onset), timeout, "response.created")
+
+    record.response_id = response_id
+    record.speech_end_unix = end + (time.time() - time.monotonic())
 
     def event(kind: str) -> tuple[float, dict[str, Any]] | None:
         return caller.response_event(response_id, kind)
@@ -164,6 +170,7 @@ async def run_call(index: int, caller: BenchCaller, plan: Plan, speech: list[np.
     await asyncio.sleep(delay)
     turn, said = 0, None
     turns_ok = turns_failed = 0
+    finished: list[TurnRecord] = []  # the turns whose server stamps are read at the end
     while said is not None or may_start(turn + 1):
         turn += 1
         interrupt = (plan.barge_in_every > 0 and turn % plan.barge_in_every == 0
@@ -188,6 +195,7 @@ async def run_call(index: int, caller: BenchCaller, plan: Plan, speech: list[np.
         turns_ok += record.ok
         turns_failed += not record.ok
         emit(("turn", asdict(record)))
+        finished.append(record)
         if dropped:
             break
         if not record.ok:
@@ -203,6 +211,9 @@ async def run_call(index: int, caller: BenchCaller, plan: Plan, speech: list[np.
             turns_failed += 1
     dropped = caller.dropped  # before our own hang-up closes the connection
     call_s = time.monotonic() - started_at  # live from the go to its last turn's end
+    if not dropped:
+        spoken = [(r.turn, r.response_id, r.speech_end_unix) for r in finished]
+        emit(("stamps", {"call": index, "turns": await turn_stamps(caller, spoken)}))
     await caller.hang_up()
     return {"call": index, "connected": True, "dropped": dropped,
             "drop": None if caller.dropped_at is None else {
@@ -219,18 +230,33 @@ def describe_error(event: dict[str, Any]) -> str:
     return f"{error.get('type', '?')}/{error.get('code', '?')}: {error.get('message', '')}"[:200]
 
 
+def session_update(plan: Plan) -> dict[str, Any] | None:
+    """The session.update the plan's callers send once connected (None: the server's session):
+    the reply length, and the turn detection (semantic_vad with its eagerness)."""
+    session: dict[str, Any] = {}
+    if plan.reply_tokens is not None:
+        session["max_output_tokens"] = plan.reply_tokens
+    if plan.turn_detection is not None:
+        detection = {"type": plan.turn_detection}
+        if plan.eagerness is not None:
+            detection["eagerness"] = plan.eagerness
+        session["audio"] = {"input": {"turn_detection": detection}}
+    return {"type": "session.update", "session": {"type": "realtime", **session}} if (
+        session) else None
+
+
 async def connect_call(index: int, plan: Plan, gate: asyncio.Semaphore
                        ) -> tuple[BenchCaller | None, dict[str, Any]]:
-    """A connected caller (with the plan's reply length set), or None and why not."""
+    """A connected caller (with the plan's session set), or None and why not."""
     kind = LightCaller if plan.callers == "light" else BenchCaller
     caller = kind(plan.url, plan.api_key, plan.codec)
     began = time.monotonic()
+    update = session_update(plan)
     try:
         async with gate:
             await caller.connect(plan.connect_timeout_s)
-            if plan.reply_tokens is not None:
-                caller.send({"type": "session.update", "session": {
-                    "type": "realtime", "max_output_tokens": plan.reply_tokens}})
+            if update is not None:
+                caller.send(update)
                 await caller.wait_for("session.updated", 1, plan.connect_timeout_s)
     except Exception as exc:  # refused (503), timed out, failed ICE: the call did not happen
         with contextlib.suppress(Exception):
@@ -238,7 +264,11 @@ async def connect_call(index: int, plan: Plan, gate: asyncio.Semaphore
         status = getattr(getattr(exc, "response", None), "status_code", None)
         reason = f"HTTP {status}" if status else f"{type(exc).__name__}: {exc}"[:200]
         return None, {"call": index, "connected": False, "reason": reason}
-    detection = caller.last("session.created")[1]["session"]["audio"]["input"]["turn_detection"]
+    session = caller.last("session.updated" if update else "session.created")[1]["session"]
+    detection = session["audio"]["input"]["turn_detection"] or {}
     return caller, {"call": index, "connected": True,
                     "connect_ms": (time.monotonic() - began) * 1e3,
-                    "silence_ms": detection.get("silence_duration_ms")}
+                    # semantic_vad has no fixed silence: its turns end at a judged pause
+                    "silence_ms": detection.get("silence_duration_ms"),
+                    "turn_detection": detection.get("type"),
+                    "eagerness": detection.get("eagerness")}

@@ -140,6 +140,15 @@ class BenchCaller:
         assert self.location is not None, "not connected"
         return self.location.rsplit("/", 1)[1]
 
+    async def call_record(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """The server's record of this call so far (`GET /v1/calls/{id}`: its turns' stamps)."""
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
+                                     headers=self._headers) as http:
+            reply = await http.get(f"/v1/calls/{self.call_id}")
+        reply.raise_for_status()
+        record: dict[str, Any] = reply.json()
+        return record
+
     def send(self, event: dict[str, Any]) -> None:
         self._channel.send(json.dumps(event))
 

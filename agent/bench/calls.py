@@ -24,6 +24,11 @@ Per level, what a call costs (agent/bench/capacity.py): the call plane's CPU per
 callers' own, the server's pacing lateness p99, and calls per core while that stays under 20 ms.
 `--callers light` (agent/bench/light_caller.py) makes the callers far cheaper than the server.
 
+`--turn-detection semantic_vad --eagerness high` (or server_vad) has every caller ask for it
+in a session.update once connected; the time to first audio is still counted from the end of
+speech. Each turn also carries the server's stamps of it (agent/bench/turn_stamps.py): where
+its time to first audio went.
+
 Levels of concurrency run one after the other on the same server; `--compare-sequential` also
 runs the first level on a server whose stages run one after the other (no overlap).
 """
@@ -61,6 +66,8 @@ class Options:
     reply_tokens: int | None = None
     codec: str | None = None
     callers: str = "full"  # full or light (agent/bench/light_caller.py)
+    turn_detection: str | None = None  # server_vad or semantic_vad; None: the server's
+    eagerness: str | None = None  # semantic_vad's
     api_key: str | None = None
     compare_sequential: bool = False
     sequential_url: str | None = None
@@ -81,7 +88,8 @@ def bench_calls(options: Options) -> dict[str, Any]:
     base = Plan(url="", concurrency=1, speech=speech, turns=options.turns,
                 duration_s=options.duration_s, pause_s=options.pause_s,
                 barge_in_every=options.barge_in_every, reply_tokens=options.reply_tokens,
-                codec=options.codec, api_key=options.api_key, callers=options.callers)
+                codec=options.codec, api_key=options.api_key, callers=options.callers,
+                turn_detection=options.turn_detection, eagerness=options.eagerness)
 
     def sweep(url: str, pid: int | None, levels: list[int]) -> list[dict[str, Any]]:
         out = []

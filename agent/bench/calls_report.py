@@ -9,6 +9,7 @@ import numpy as np
 
 from agent.bench.capacity import PACING_LIMIT_MS, best_calls_per_core, callers_cpu_per_call
 from agent.bench.level import LevelRun
+from agent.bench.turn_stamps import FIGURES as STAMP_FIGURES
 
 TARGETS = {  # for the tiny family, at the caller
     "ttfa_p50_ms_at_1": 150.0,
@@ -21,9 +22,24 @@ TARGETS = {  # for the tiny family, at the caller
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
-        return {"p50": None, "p95": None, "max": None, "n": 0}
-    p50, p95 = np.percentile(values, [50, 95]).tolist()
-    return {"p50": p50, "p95": p95, "max": float(max(values)), "n": len(values)}
+        return {"p50": None, "p90": None, "p95": None, "max": None, "n": 0}
+    p50, p90, p95 = np.percentile(values, [50, 90, 95]).tolist()
+    return {"p50": p50, "p90": p90, "p95": p95, "max": float(max(values)), "n": len(values)}
+
+
+def stamps_summary(ok: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the turns' time to first audio went (agent/bench/turn_stamps.py): each figure's
+    percentiles, the last leg (the first audio queued for the caller to the first sound it
+    heard: the outbound queue, pacing, network, the voice's quiet lead-in), and each turn's."""
+    stamped = [t for t in ok if t.get("stamps") and t["ttfa_ms"] is not None]
+    out: dict[str, Any] = {
+        key: percentiles([t["stamps"][key] for t in stamped if t["stamps"][key] is not None])
+        for key in STAMP_FIGURES}
+    out["heard_after_queued_ms"] = percentiles([
+        t["ttfa_ms"] - t["stamps"]["first_audio_queued_ms"] for t in stamped
+        if t["stamps"]["first_audio_queued_ms"] is not None])
+    out["turns"] = [{"ttfa_ms": t["ttfa_ms"], **t["stamps"]} for t in stamped]
+    return out
 
 
 def summarise(run: LevelRun) -> dict[str, Any]:
@@ -32,6 +48,7 @@ def summarise(run: LevelRun) -> dict[str, Any]:
     failed = [t for t in run.turns if not t["ok"]]
     connected = [c for c in run.calls if c.get("connected")]
     silence = next((c["silence_ms"] for c in connected if c.get("silence_ms") is not None), None)
+    detection = next((c for c in connected if c.get("turn_detection")), {})
     ttfa = [t["ttfa_ms"] for t in ok if t["ttfa_ms"] is not None]
     barge = [t["barge_in_stop_ms"] for t in ok if t["barge_in_stop_ms"] is not None]
     heard = [(t["barge_in_stop_ms"], t["barge_in_heard_ms"]) for t in ok
@@ -54,6 +71,8 @@ def summarise(run: LevelRun) -> dict[str, Any]:
         "error_events": sum(c.get("error_events", 0) for c in connected),
         "errors": sorted({e for c in connected for e in c.get("errors", [])})[:5],
         "ttfa_ms": percentiles(ttfa),
+        "turn_detection": detection.get("turn_detection"),
+        "eagerness": detection.get("eagerness"),
         "silence_ms": silence,
         "ttfa_after_vad_ms": percentiles([v - silence for v in ttfa] if silence else []),
         "barge_in_stop_ms": percentiles(barge),
@@ -71,6 +90,7 @@ def summarise(run: LevelRun) -> dict[str, Any]:
         "generator_loop_lag_p99_ms": max(lags) if lags else None,
         "generator_cpu_cores": sum(w.get("cpu_cores") or 0.0 for w in run.workers),
         "rtp_misses": sum(c.get("rtp_misses", 0) for c in connected),
+        "time_went_ms": stamps_summary(ok),
         "server": run.server,
         "samples": {"ttfa_ms": sorted(ttfa), "barge_in_stop_ms": sorted(barge)},
     }
@@ -119,6 +139,8 @@ def report(result: dict[str, Any]) -> str:
             lines.append(f"      failures {level['failures']} refusals {level['refusals']}")
         if level["errors"]:
             lines.append(f"      error events: {level['errors']}")
+        if (level.get("time_went_ms") or {}).get("turns"):
+            lines.append(f"      {where_time_went(level)}")
         if any((server.get("preemptive_replies") or {}).values()):
             counts = server["preemptive_replies"]
             lines.append("      preemptive replies (vad.pause_ms): "
@@ -131,6 +153,22 @@ def report(result: dict[str, Any]) -> str:
     lines += [f"target (tiny family): {line}" for line in verdicts(result["levels"])]
     lines.append(capacity_verdict(result["levels"]))
     return "\n".join(lines)
+
+
+def where_time_went(level: dict[str, Any]) -> str:
+    """One line: the p50 of each stamp, in ms after the end of speech (pipeline marks after the
+    pipeline turn began)."""
+    went = level["time_went_ms"]
+    mode = level.get("turn_detection") or "server_vad"
+    if level.get("eagerness"):
+        mode += f" {level['eagerness']}"
+    parts = [f"{name} {fmt(went[key]['p50'])}" for key, name in (
+        ("turn_began_ms", "turn began"), ("asr_ms", "| pipeline: asr"),
+        ("thinker_first_token_ms", "thinker 1st token"),
+        ("talker_first_tokens_ms", "talker 1st tokens"),
+        ("voicebox_first_chunk_ms", "voicebox 1st chunk |"),
+        ("first_audio_queued_ms", "queued"), ("heard_after_queued_ms", "+ heard after"))]
+    return f"p50 ms after the end of speech ({mode}): " + ", ".join(parts)
 
 
 def verdicts(levels: list[dict[str, Any]]) -> list[str]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 CALLERS = ("full", "light")
+TURN_DETECTIONS = ("server_vad", "semantic_vad")
+EAGERNESSES = ("low", "medium", "high", "auto")
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,9 @@ class Plan:
     connect_timeout_s: float = 60.0
     seed: int = 0
     callers: str = "full"  # full: aiortc's encoder and decoder; light: agent/bench/light_caller.py
+    # session.update turn_detection.type (and semantic_vad's eagerness); None: the server's
+    turn_detection: str | None = None
+    eagerness: str | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -43,6 +48,12 @@ class Plan:
             raise ValueError(f"callers must be one of {', '.join(CALLERS)}, not {self.callers!r}")
         if self.callers == "light" and self.codec not in (None, "opus"):
             raise ValueError("light callers speak Opus only")
+        if self.turn_detection not in (None, *TURN_DETECTIONS):
+            raise ValueError(f"turn_detection must be one of {', '.join(TURN_DETECTIONS)}, "
+                             f"not {self.turn_detection!r}")
+        if self.eagerness is not None and (self.turn_detection != "semantic_vad"
+                                           or self.eagerness not in EAGERNESSES):
+            raise ValueError(f"eagerness ({', '.join(EAGERNESSES)}) goes with semantic_vad")
         if not self.speech:
             raise ValueError("no utterances to speak")
 

@@ -137,6 +137,11 @@ def run_level(plan: Plan, workers: int, watch: ServerWatch | None = None,
                 failed = sum(not t["ok"] for t in turns)
                 if failed:
                     bar.set_postfix_str(f"{failed} failed")
+            elif kind == "stamps":  # the server's stamps of a call's turns, at its end
+                stamps = {s.pop("turn"): s for s in item["turns"]}
+                for t in turns:
+                    if t["call"] == item["call"] and t["turn"] in stamps:
+                        t["stamps"] = stamps[t["turn"]]
             elif kind == "worker":
                 finished.append(item)
     finally:
