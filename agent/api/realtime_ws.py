@@ -12,11 +12,13 @@ import logging
 from fastapi import APIRouter, WebSocket
 
 from agent.api.model_pin import UnknownModelError, pinned_factory, websocket_model
+from agent.api.openai_errors import openai_error
 from agent.api.signalling import Refusal, json_error, refusal
 from agent.calls.registry import CallLimitError, CallRegistry
 from agent.calls.sideband import Sideband
 from agent.calls.websocket_call import WebSocketCall
 from agent.ops import logs
+from agent.realtime.session_config import SessionConfigError
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -53,12 +55,19 @@ async def realtime(websocket: WebSocket) -> None:
         await _deny(websocket, status, code, message, **headers)
         return
     logs.bind_call(call.id)
+    try:  # the voice the call starts with, on the version it pins: as an offer's is checked
+        call.start_handler(factory)
+    except SessionConfigError as exc:
+        await call.close("invalid_session")
+        await websocket.send_denial_response(openai_error(400, "invalid_session",
+                                                          f"session: {exc}", param=exc.param))
+        return
     offered = websocket.scope.get("subprotocols", [])
     await websocket.accept(REALTIME_SUBPROTOCOL if REALTIME_SUBPROTOCOL in offered else None)
     state.metrics.calls_started.inc()
     log.info("call %s started over a WebSocket (%d live)", call.id, len(calls))
     try:
-        await call.run(websocket, factory)
+        await call.run(websocket)
     finally:
         await call.close()
 

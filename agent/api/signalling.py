@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from agent.api.model_pin import UnknownModelError, pinned_factory
 from agent.api.offer import MULTIPART, SDP, OfferError, read_offer
+from agent.api.openai_errors import openai_error
 from agent.calls.registry import CallLimitError, CallRegistry
 from agent.calls.resume import ResumeError
 from agent.ops import logs
@@ -123,9 +124,9 @@ async def create_call(request: Request) -> Response:
             call.answer(offer.sdp, factory, offer.session, resumed),
             NEGOTIATION_TIMEOUT_S,
         )
-    except SessionConfigError as exc:
-        await call.close()
-        return json_error(400, "invalid_session", f"session: {exc}")
+    except SessionConfigError as exc:  # a value refused, or a voice its model does not speak
+        await call.close("invalid_session")
+        return openai_error(400, "invalid_session", f"session: {exc}", param=exc.param)
     except TimeoutError:
         await call.close()
         return refuse(request, 504, "negotiation_timeout", "could not build an answer in time")

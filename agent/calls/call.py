@@ -65,8 +65,8 @@ class Call(CallBase):
     async def answer(self, offer_sdp: str, handler_factory: HandlerFactory | None,
                      session: Any = None, resumed: SavedConversation | None = None) -> str:
         """Negotiate the call, going on with a dropped call's conversation (`resumed`), then
-        the session object given with the offer (if any); on any failure the peer connection
-        is closed before raising."""
+        the session object given with the offer (if any), its handler made before negotiation;
+        on any failure the call is closed before raising."""
         try:
             if resumed is not None:
                 self.conversation, self.tools = resumed.config.conversation, resumed.config.tools
@@ -78,6 +78,10 @@ class Call(CallBase):
                 self.conversation, self.tools = start.conversation, start.tools
                 self.server_vad = start.conversation.server_vad
                 self.vad.reconfigure(start.vad)
+            self.start_handler(handler_factory)  # UnknownVoiceError: refused before negotiation
+            resume = getattr(self.handler, "resume", None)
+            if resumed is not None and resume is not None:
+                resume(resumed.history)
             await apply_offer(self.pc, offer_sdp)
             hold_inbound_audio(self.pc, self.settings.inbound_jitter_packets)
             watch_dtmf(self.pc, self._on_dtmf)
@@ -89,10 +93,6 @@ class Call(CallBase):
         except BaseException:
             await self.close()
             raise
-        self.handler = handler_factory(self) if handler_factory else None
-        resume = getattr(self.handler, "resume", None)
-        if resumed is not None and resume is not None:
-            resume(resumed.history)
         self.spawn(self._connect_watchdog())
         self.records.call_started(self.id, self.settings.profile)
         self.spawn(self.watch_limits())

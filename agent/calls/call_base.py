@@ -31,6 +31,7 @@ from agent.realtime.server_events import (
     speech_stopped,
 )
 from agent.realtime.transport import AudioOut
+from agent.realtime.voices import check_voice
 from media.audio_format import FRAME_MS
 from media.vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, VadSegmenter
 
@@ -120,6 +121,14 @@ class CallBase:
     def deliver(self, text: str) -> None:
         """Send one server event, as JSON text, over the call's own transport."""
         raise NotImplementedError
+
+    def start_handler(self, factory: Callable[[Any], CallHandler] | None) -> None:
+        """Hand the call to the handler `factory` makes (the session on the model version the
+        call pins); UnknownVoiceError when that model does not speak the voice the call starts
+        with, the offer's or the server's (the caller closes the call: the handler lets go of
+        its version there)."""
+        self.handler = factory(self) if factory else None
+        check_voice(self.conversation.voice, getattr(self.handler, "pipeline", None))
 
     def session_object(self) -> dict[str, Any]:
         """The session as `session.created` describes it (the handler's view when it has one)."""

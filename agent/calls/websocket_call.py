@@ -14,13 +14,12 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from starlette.websockets import WebSocket
 
-from agent.calls.call_base import CallBase, CallHandler
+from agent.calls.call_base import CallBase
 from agent.calls.event_socket import CLOSE_WAIT_S, EventSocket
 from agent.calls.limits import TokenBucket
 from agent.calls.websocket_audio import (
@@ -69,12 +68,11 @@ class WebSocketCall(CallBase):
         self._audio_out = Resampler(WIRE_RATE)
         self._flushes = 0  # the clock's flushes seen by play(): a new one resets the resampler
 
-    async def run(self, socket: WebSocket, handler_factory: Callable[[Any], CallHandler] | None
-                  ) -> None:
-        """Hold the conversation on an accepted `socket` until either side ends it."""
+    async def run(self, socket: WebSocket) -> None:
+        """Hold the conversation on an accepted `socket` until either side ends it (its handler
+        started before the handshake: start_handler)."""
         self._socket = socket
         self._events = EventSocket(socket, self.settings.ws_send_buffer_bytes)
-        self.handler = handler_factory(self) if handler_factory else None
         self.records.call_started(self.id, self.settings.profile)
         self.send_event(session_created(self.session_object()))
         self.spawn(self._events.run())

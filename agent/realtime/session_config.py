@@ -28,6 +28,8 @@ def aggressiveness(threshold: float) -> int:
 class SessionConfigError(ValueError):
     """A session object asking for a value this server refuses (the message names it)."""
 
+    param: str | None = None  # the session field at fault, where one alone is
+
 
 @dataclass(frozen=True)
 class SessionConfig:

@@ -1,13 +1,21 @@
-"""Whether a session's voice is one its model speaks: checked when a session.update names one,
-so an unknown name is refused there instead of failing the next reply."""
+"""Whether a session's voice is one its model speaks: checked when a call starts (the offer's
+session, the server's own voice on the version the call pins) and when a session.update names
+one, so an unknown name is refused there instead of failing the next reply."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from agent.realtime.session_config import SessionConfigError
 from pipeline.families.voices import family_voices
 
 VOICE_PARAM = "session.audio.output.voice"
+
+
+class UnknownVoiceError(SessionConfigError):
+    """A session's voice its model does not speak (the message names the ones it does)."""
+
+    param = VOICE_PARAM
 
 
 def unknown_voice(voice: str, pipeline: Any) -> str | None:
@@ -19,3 +27,10 @@ def unknown_voice(voice: str, pipeline: Any) -> str | None:
     if voices is None or voice in voices:
         return None
     return f"voice {voice!r} is not one of this model's voices: {', '.join(voices)}"
+
+
+def check_voice(voice: str, pipeline: Any) -> None:
+    """UnknownVoiceError when `pipeline` cannot speak `voice` (see unknown_voice)."""
+    refused = unknown_voice(voice, pipeline)
+    if refused is not None:
+        raise UnknownVoiceError(refused)
