@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 from aiortp import PortAllocator
-from aiosipua import SdpNegotiationError, SipDigestAuth, SipRequest, parse_sdp
+from aiosipua import IncomingCall, SdpNegotiationError, SipDigestAuth, SipRequest, parse_sdp
 from aiosipua.auth import build_credentials
 from aiosipua.headers import parse_auth, stringify_auth
+from aiosipua.transport import SipTransport, TcpSipTransport, UdpSipTransport
 
 from agent.sip import aiosipua_internals
 from agent.sip.digest import NONCE_TTL_S, DigestGuard
@@ -118,6 +119,23 @@ def authorised_invite(guard: DigestGuard, user: str, password: str,
 
 def test_the_aiosipua_internals_the_bridge_reaches_are_there() -> None:
     aiosipua_internals.check()
+
+
+@pytest.mark.parametrize(("owner", "name"), [
+    (IncomingCall, "_send_response"), (SipTransport, "_dispatch"),
+    (UdpSipTransport, "_udp_transport"), (TcpSipTransport, "_connections"),
+])
+def test_an_upgrade_that_moves_an_aiosipua_internal_is_named(
+    monkeypatch: pytest.MonkeyPatch, owner: type, name: str
+) -> None:
+    """As an aiosipua upgrade that renamed it would leave it: gone (a method) or no longer a
+    field of the transport's dataclass."""
+    if name in getattr(owner, "__dataclass_fields__", {}):
+        monkeypatch.delitem(owner.__dataclass_fields__, name)  # type: ignore[attr-defined]
+    else:
+        monkeypatch.delattr(owner, name)
+    with pytest.raises(RuntimeError, match=f"{owner.__name__}.{name}"):
+        aiosipua_internals.check()
 
 
 def test_digest_guard_admits_the_right_password_only() -> None:

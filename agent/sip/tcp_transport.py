@@ -15,6 +15,8 @@ from typing import Any
 from aiosipua import SipRequest, SipResponse
 from aiosipua.transport import TcpSipTransport
 
+from agent.sip.aiosipua_internals import connected
+
 REMEMBERED = 1024  # transactions whose connection is kept (the oldest are forgotten)
 
 
@@ -41,7 +43,7 @@ class TcpTransport(TcpSipTransport):
     def send_reply(self, response: SipResponse) -> None:
         branch = response.via[0].branch if response.via else None
         origin = self._origins.get(branch) if branch else None
-        if origin is not None and origin in self._connections:
+        if origin is not None and connected(self, origin):
             self.send(response, origin)
         else:
             super().send_reply(response)

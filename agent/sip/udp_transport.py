@@ -14,13 +14,15 @@ from typing import Any
 
 from aiosipua.transport import UdpSipTransport
 
+from agent.sip.aiosipua_internals import dispatch, keep_datagrams
+
 
 class _Datagrams(asyncio.DatagramProtocol):
     def __init__(self, owner: UdpSipTransport) -> None:
         self._owner = owner
 
     def datagram_received(self, data: bytes, addr: tuple[str, int] | Any) -> None:
-        self._owner._dispatch(data, (str(addr[0]), int(addr[1])))  # aiosipua's parse+dispatch
+        dispatch(self._owner, data, (str(addr[0]), int(addr[1])))
 
 
 class UdpTransport(UdpSipTransport):
@@ -28,4 +30,4 @@ class UdpTransport(UdpSipTransport):
         loop = asyncio.get_running_loop()
         transport, _ = await loop.create_datagram_endpoint(
             lambda: _Datagrams(self), local_addr=self.local_addr)
-        self._udp_transport = transport
+        keep_datagrams(self, transport)
