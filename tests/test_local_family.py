@@ -28,6 +28,7 @@ from pipeline.families.local.packaged import source_versions
 from pipeline.families.local.phonemizer import PhonemeMap
 from pipeline.families.local.speech_text import Phrase, speakable, split_phrases
 from pipeline.families.local.talker import group_phrases
+from pipeline.families.local.thinker import ASK_AGAIN, ASK_AGAIN_BELOW
 from pipeline.shm import BlockPool
 from pipeline.stage import TalkerJob, ThinkerJob, VoiceBoxJob
 from tests.audio_fixtures import SOX, read_wav, speech_wav, write_wav
@@ -189,6 +190,27 @@ async def test_thinker_hears_the_question_and_answers_paris(
     figure("ASR inside the Thinker", heard_at - began, "s")
     figure("SmolLM2 TTFT (after the transcript)", first_at - heard_at, "s")
     figure("SmolLM2 decode", (tokens - 1) / max(done - first_at, 1e-9), "tok/s")
+
+
+async def test_thinker_asks_again_when_unsure_of_the_words(
+    thinker: LocalThinker, pool: BlockPool, question_audio: np.ndarray
+) -> None:
+    """Speech played backwards sounds like words to Whisper, which writes some down with low
+    confidence: the caller is asked to repeat, not answered (the question forwards is heard
+    surely, and answered: the test above)."""
+    forwards = await thinker.hearing.run(thinker.recognizer.hear, question_audio)
+    backwards = await thinker.hearing.run(thinker.recognizer.hear, question_audio[::-1].copy())
+    assert forwards.mean_log_prob >= ASK_AGAIN_BELOW, forwards
+    assert backwards.text and backwards.mean_log_prob < ASK_AGAIN_BELOW, backwards
+
+    held = pool.in_use
+    job = ThinkerJob("call/t-unsure/thinker/0", [SYSTEM], audio=pool.write(
+        question_audio[::-1].copy(), 1.0), max_tokens=48)
+    outputs = [out async for out in thinker.stream(job)]
+    assert outputs[0].transcript == backwards.text
+    assert "".join(out.text for out in outputs) == ASK_AGAIN
+    assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
+    assert pool.in_use == held, "the audio block is released"
 
 
 async def test_thinker_abort_ends_the_stream(thinker: LocalThinker) -> None:

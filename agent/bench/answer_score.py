@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent.bench.answer_set import Question
+from pipeline.families.local.thinker import ASK_AGAIN
 
 
 def words(text: str) -> str:
@@ -44,14 +45,21 @@ class Answered:
     def right(self) -> bool:
         return is_right(self.question, self.answer)
 
+    @property
+    def asked_again(self) -> bool:
+        """The Thinker was unsure of what it heard and asked for the question again."""
+        return self.answer == ASK_AGAIN
+
 
 @dataclass(frozen=True)
 class Tally:
-    """A group of answers: how many, how many right, and their median latency."""
+    """A group of answers: how many, how many right, how many asked again instead, and their
+    median latency."""
 
     name: str
     count: int
     right: int
+    asked_again: int
     median_ms: float
 
     @property
@@ -62,6 +70,7 @@ class Tally:
 def tally(name: str, answered: Sequence[Answered]) -> Tally:
     latencies = [a.latency_ms for a in answered]
     return Tally(name, len(answered), sum(a.right for a in answered),
+                 sum(a.asked_again for a in answered),
                  statistics.median(latencies) if latencies else 0.0)
 
 

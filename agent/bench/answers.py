@@ -130,17 +130,18 @@ def run(options: Options) -> int:
 def print_answers(answered: Sequence[Answered]) -> None:
     """The wrong answers, with what was heard."""
     wrong = [a for a in answered if not a.right]
-    print(f"\nwrong answers ({len(wrong)}):")
+    print(f"\nwrong answers, or asked again ({len(wrong)}):")
     for a in wrong:
         print(f"  [{a.question.category}] {a.question.question!r} heard {a.heard!r}: "
-              f"{a.answer!r}")
+              f"{'(asked again)' if a.asked_again else repr(a.answer)}")
 
 
 def print_table(answered: Sequence[Answered], mode: str) -> None:
     print(f"\nanswers {mode}")
-    print(f"{'category':<14} {'right':>7} {'share':>6} {'p50 ms':>7}")
+    print(f"{'category':<14} {'right':>7} {'share':>6} {'asked again':>12} {'p50 ms':>7}")
     for t in by_category(answered):
-        print(f"{t.name:<14} {f'{t.right}/{t.count}':>7} {t.accuracy:6.0%} {t.median_ms:7.0f}")
+        print(f"{t.name:<14} {f'{t.right}/{t.count}':>7} {t.accuracy:6.0%} "
+              f"{t.asked_again:12d} {t.median_ms:7.0f}")
     print(f"target: at least {TARGET:.0%} right through speech")
 
 
@@ -155,7 +156,8 @@ def report(answered: Sequence[Answered], mode: str, options: Options) -> dict[st
         "categories": [{**asdict(t), "accuracy": t.accuracy} for t in tallies],
         "answers": [{"category": a.question.category, "question": a.question.question,
                      "heard": a.heard, "answer": a.answer, "right": a.right,
-                     "latency_ms": a.latency_ms} for a in answered],
+                     "asked_again": a.asked_again, "latency_ms": a.latency_ms}
+                    for a in answered],
     }
 
 
@@ -173,6 +175,9 @@ def add_parser(bench_cmd: Any) -> None:
     answers.add_argument("--no-examples", action="store_true",
                          help="without the Thinker's worked examples")
     answers.add_argument("--temperature", type=float, help="instead of the profile's")
+    answers.add_argument("--ask-again-below", type=float,
+                         help="ask the caller to repeat below this mean log-probability of the "
+                         "words heard, instead of the Thinker's (-inf: never)")
     answers.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
 
 
@@ -186,5 +191,7 @@ def command(args: Any, settings: Any) -> int:
         overrides["examples"] = []
     if args.temperature is not None:
         overrides["temperature"] = args.temperature
+    if args.ask_again_below is not None:
+        overrides["ask_again_below"] = args.ask_again_below
     return run(Options(Path(settings.models_dir), args.through == "speech", args.limit,
                        args.max_tokens, args.json_path, system, overrides))

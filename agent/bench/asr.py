@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from agent.bench.asr_confidence import asking_again
 from agent.bench.asr_corpus import Corpus, Utterance
 from agent.bench.asr_score import normalise, word_error_rate
 from pipeline.families.local.speech_recognizer import (
@@ -59,6 +60,11 @@ class Heard:
     text: str
     wall_ms: float
     cpu_ms: float
+    mean_log_prob: float  # the decoder's confidence in `text` (asr_confidence.py)
+
+    @property
+    def right(self) -> bool:
+        return normalise(self.text) == normalise(self.utterance.text)
 
 
 def model_dir(model: str) -> Path:
@@ -93,9 +99,9 @@ def hear_all(config: Config, corpus: Corpus, utterances: Sequence[Utterance],
     for utterance in tqdm(utterances, desc=config.label, unit="utt", disable=not progress):
         samples = corpus.audio(utterance)
         wall, cpu = time.perf_counter(), time.process_time()
-        text = recognizer.transcribe(samples, PROMPT_CONTEXT)
-        heard.append(Heard(utterance, text, (time.perf_counter() - wall) * 1000,
-                           (time.process_time() - cpu) * 1000))
+        result = recognizer.hear(samples, PROMPT_CONTEXT)
+        heard.append(Heard(utterance, result.text, (time.perf_counter() - wall) * 1000,
+                           (time.process_time() - cpu) * 1000, result.mean_log_prob))
     return heard
 
 
@@ -119,8 +125,10 @@ def summary(config: Config, heard: Sequence[Heard]) -> dict[str, Any]:
         "cpu_3s_ms": _percentiles([h.cpu_ms for h in three_s]),
         "latency_all_ms": _percentiles([h.wall_ms for h in heard]),
         "count_3s": len(three_s),
-        "errors": [{"id": h.utterance.id, "said": h.utterance.text, "heard": h.text}
-                   for h in heard if normalise(h.text) != normalise(h.utterance.text)],
+        "asking_again": asking_again(heard),
+        "errors": [{"id": h.utterance.id, "said": h.utterance.text, "heard": h.text,
+                    "mean_log_prob": round(h.mean_log_prob, 3)}
+                   for h in heard if not h.right],
     }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.bench.asr import Config, hear_all, summary, three_second, time_split
+from agent.bench.asr_confidence import print_asking_again
 from agent.bench.asr_corpus import Corpus, Utterance, load_or_build
 from agent.bench.asr_voices import RATES, VOICES
 from agent.bench.report import write_json
@@ -38,6 +39,7 @@ def run(options: Options) -> int:
     split = time_split(options.configs[best], corpus, three_second(utterances)[:20])
     print_sweep(results)
     print_groups(results[best])
+    print_asking_again(results[best])
     print(f"\nwhere the time goes (median ms, ~3 s clean utterances, {results[best]['config']}): "
           + ", ".join(f"{key} {value:.0f}" for key, value in split.items()))
     if options.json_path:

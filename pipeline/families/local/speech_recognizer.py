@@ -60,10 +60,18 @@ class RecognizerSettings:
 
 
 @dataclass(frozen=True)
-class _Decoded:
+class Heard:
+    """What was heard, and how sure the decoder was of it."""
+
     text: str
-    broken: bool  # repeats itself or runs to its length bound
+    # The mean token log-probability of the text kept (faster-whisper's avg_logprob): a
+    # misheard utterance scores low (README, "Asking again").
     mean_log_prob: float
+
+
+@dataclass(frozen=True)
+class _Decoded(Heard):
+    broken: bool  # repeats itself or runs to its length bound
     no_speech: bool
 
 
@@ -86,22 +94,29 @@ class SpeechRecognizer:
         """The text of 16 kHz mono audio (int16, or float32 in [-1, 1]); "" for no speech.
         `context`: the conversation's lines so far, oldest first (the last `prompt_lines` of
         them prompt the decoder)."""
+        return self.hear(audio, context).text
+
+    def hear(self, audio: np.ndarray, context: Sequence[str] = ()) -> Heard:
+        """`transcribe`'s text with the decoder's confidence in it."""
         samples = as_float(audio)
         if samples.size == 0:
-            return ""
+            return Heard("", 0.0)
         if self.settings.silence_before_s > 0:
             lead = np.zeros(round(self.settings.silence_before_s * SAMPLE_RATE), np.float32)
             samples = np.concatenate([lead, samples])
         prompt_text = self.prompt_text(context)
         if self.settings.short_window:
-            text = self._in_short_window(samples, prompt_text)
-            if text is not None:
-                return text
+            heard = self._in_short_window(samples, prompt_text)
+            if heard is not None:
+                return heard
         segments, _info = self.model.transcribe(
             samples, language="en", beam_size=self.settings.beam_size,
             temperature=list(self.settings.temperatures), initial_prompt=prompt_text or None,
             condition_on_previous_text=False, without_timestamps=True, vad_filter=False)
-        return " ".join(segment.text.strip() for segment in segments).strip()
+        segments = list(segments)
+        text = " ".join(segment.text.strip() for segment in segments).strip()
+        log_probs = [segment.avg_logprob for segment in segments]
+        return Heard(text, sum(log_probs) / len(log_probs) if log_probs else 0.0)
 
     def prompt_text(self, context: Sequence[str]) -> str:
         """The last `prompt_lines` lines of `context`, one line of text ("" for none)."""
@@ -124,7 +139,7 @@ class SpeechRecognizer:
         window[0, :, :features.shape[-1]] = features
         return window
 
-    def _in_short_window(self, samples: np.ndarray, prompt_text: str) -> str | None:
+    def _in_short_window(self, samples: np.ndarray, prompt_text: str) -> Heard | None:
         """The text heard in a window cut to the utterance; None when the utterance is too long
         for that, looks like no speech, or repeats itself at every temperature."""
         import ctranslate2
@@ -142,10 +157,11 @@ class SpeechRecognizer:
                 return None
             if not decoded.broken:
                 if decoded.mean_log_prob >= LOG_PROB_LIMIT:
-                    return decoded.text
+                    return Heard(decoded.text, decoded.mean_log_prob)
                 whole.append(decoded)
         # Every temperature's guess was improbable: the likeliest of those that did not repeat.
-        return max(whole, key=lambda d: d.mean_log_prob).text if whole else None
+        likeliest = max(whole, key=lambda d: d.mean_log_prob) if whole else None
+        return None if likeliest is None else Heard(likeliest.text, likeliest.mean_log_prob)
 
     def _decode(self, encoded: Any, prompt: list[int], most: int,
                 temperature: float) -> _Decoded:
@@ -162,7 +178,7 @@ class SpeechRecognizer:
         # CTranslate2's score is the sum of log-probabilities over the length (the length
         # penalty is 1); faster-whisper counts the end token too.
         mean_log_prob = result.scores[0] * len(tokens) / (len(tokens) + 1)
-        return _Decoded(text, len(tokens) >= most or repeats, mean_log_prob,
+        return _Decoded(text, mean_log_prob, len(tokens) >= most or repeats,
                         result.no_speech_prob > NO_SPEECH_LIMIT)
 
     def _prompt_ids(self, prompt_text: str) -> list[int]:

@@ -23,7 +23,11 @@ from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_sch
 from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.end_of_turn import end_of_turn_prompt, probability
 from pipeline.families.local.build import ASR_DIR, LLM_DIR
-from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
+from pipeline.families.local.speech_recognizer import (
+    Heard,
+    RecognizerSettings,
+    SpeechRecognizer,
+)
 from pipeline.families.local.stage_support import family_dir
 from pipeline.families.recite import recited_pieces
 from pipeline.families.request_sampling import with_options
@@ -61,6 +65,12 @@ DEFAULT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("Is milk white?", "Yes, milk is white."),
 )
 
+# Said instead of an answer when the recognizer is unsure of the caller's words: its mean token
+# log-probability below ASK_AGAIN_BELOW (`omnivox bench asr`'s asking-again table; README
+# "Asking again"). A misheard question answered is worse than a question asked twice.
+ASK_AGAIN = "Sorry, I did not catch that. Could you say it again?"
+ASK_AGAIN_BELOW = -0.65
+
 
 class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
     """Thinker on Whisper tiny.en (CTranslate2) and SmolLM2-135M-Instruct (vLLM)."""
@@ -92,21 +102,23 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
         self.examples = [{"role": role, "content": str(text)}
                          for pair in ctx.settings.get("examples", self.default_examples)
                          for role, text in zip(("user", "assistant"), pair, strict=True)]
+        self.ask_again = str(ctx.settings.get("ask_again", ASK_AGAIN))
+        self.ask_again_below = float(ctx.settings.get("ask_again_below", ASK_AGAIN_BELOW))
         self.preparing: set[str] = set()  # requests not yet in the engine (hearing, prompting)
         self.aborted: set[str] = set()  # of those, the ones aborted meanwhile
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         rid = job.request_id
         if job.recite is not None:  # the given text as the reply: nothing to hear or write
-            for piece, token_ids in recited_pieces(self.tokenizer, job.recite):
-                yield ThinkerOutput(rid, text=piece, token_ids=token_ids)
-            yield ThinkerOutput(rid, finished=True, finish_reason="stop")
+            for output in self._recited(rid, job.recite):
+                yield output
             return
         self.preparing.add(rid)
         try:
             messages = list(job.messages)
             if job.audio is not None:
-                transcript = await self.hearing.run(self._hear, job.audio, messages)
+                heard = await self.hearing.run(self._hear, job.audio, messages)
+                transcript = heard.text
                 end_of_turn = None
                 if job.score_end_of_turn and transcript:
                     end_of_turn = await self._end_of_turn(rid, messages, transcript)
@@ -114,6 +126,12 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
                 if not transcript or job.transcribe:
                     reason = "stop" if transcript else "no_speech"
                     yield ThinkerOutput(rid, finished=True, finish_reason=reason)
+                    return
+                if heard.mean_log_prob < self.ask_again_below:
+                    logger.info("%s: unsure of %r (mean log-probability %.2f): asking again",
+                                rid, transcript, heard.mean_log_prob)
+                    for output in self._recited(rid, self.ask_again):
+                        yield output
                     return
                 messages.append({"role": "user", "content": transcript})
             prompt = await self.prompting.run(self.prompt_ids, messages, job.max_tokens)
@@ -131,14 +149,20 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
                                     finished=delta.finished, finish_reason=delta.finish_reason,
                                     prompt_tokens=len(prompt))
 
-    def _hear(self, audio: BlockRef, messages: list[dict[str, str]]) -> str:
+    def _recited(self, rid: str, text: str) -> list[ThinkerOutput]:
+        """`text` as a whole reply, in the pieces a generated one would come in."""
+        return [*(ThinkerOutput(rid, text=piece, token_ids=token_ids)
+                  for piece, token_ids in recited_pieces(self.tokenizer, text)),
+                ThinkerOutput(rid, finished=True, finish_reason="stop")]
+
+    def _hear(self, audio: BlockRef, messages: list[dict[str, str]]) -> Heard:
         """The caller's words, the audio read in place (its float conversion being its only
         copy) and released once heard; in the hearing thread. The conversation's lines so far
         (not the system prompt) are the recognizer's context."""
         context = [str(m.get("content", "")) for m in messages if m.get("role") != "system"]
         with self.ctx.read_tensors([audio]) as samples:
             assert isinstance(samples, np.ndarray)  # blocks alone are read as a numpy view
-            return self.recognizer.transcribe(samples, context)
+            return self.recognizer.hear(samples, context)
 
     async def _end_of_turn(self, rid: str, messages: list[dict[str, str]], words: str) -> float:
         """The probability the chat model gives the end of the caller's sentence or message
