@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from agent.config import REPO_ROOT, Settings, env_name
+from agent.config import Settings, add_setting_flags, env_name
 from agent.ops import logs
 
 
@@ -39,25 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_setting_flags(build, ("models_dir",))
     add_rollout_parsers(models_cmd)
 
-    bench = commands.add_parser("bench", help="measure (figures printed and written as JSON)")
-    bench_cmd = bench.add_subparsers(dest="bench_command", required=True)
-    pipe = bench_cmd.add_parser("pipeline", help="shm vs pickle, cascade vs sequential, turns/s")
-    pipe.add_argument("--profile", default="tiny")
-    add_setting_flags(pipe, ("models_dir",))
-    pipe.add_argument("--tokens", type=int, default=100, help="reply length for first audio")
-    pipe.add_argument("--json", dest="json_path", help="also write the figures here")
-    turn = bench_cmd.add_parser("turn", help="per-stage latency of spoken turns, real calls")
-    turn.add_argument("--profile", default="tiny", help="the profile served in this process")
-    turn.add_argument("--url", help="bench a running server instead (caller-side figures only)")
-    turn.add_argument("--turns", type=int, default=10, help="questions asked in one call")
-    turn.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
-    add_setting_flags(turn, ("models_dir",))
-    turn.add_argument("--log-level", default="warning")
-    add_bench_calls(bench_cmd)
-    add_bench_asr(bench_cmd)
-    add_bench_gpu(bench_cmd)
-    add_bench_answers(bench_cmd)
-    add_bench_turn_ends(bench_cmd)
+    add_bench(commands)
     add_sip(commands)
     return parser.parse_args(argv)
 
@@ -70,108 +51,19 @@ SERVE_FLAGS = ("host", "port", "profile", "models_dir", "model_version", "model_
 SETTING_FLAGS = (*SERVE_FLAGS,)
 
 
-def add_setting_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
-    """One flag per setting, its help and default read from the setting's declaration."""
-    for name in names:
-        field = Settings.model_fields[name]
-        default = field.get_default(call_default_factory=True)
-        shown = default.relative_to(REPO_ROOT) if isinstance(default, Path) else default
-        parser.add_argument(
-            "--" + name.replace("_", "-"), default=None, metavar=name.split("_")[-1].upper(),
-            help=f"{field.description} (default: {shown}; environment: {env_name(name)})")
+def add_bench(commands: Any) -> None:
+    from agent.bench.command import add_parser
+
+    add_parser(commands)
 
 
-def add_bench_calls(bench_cmd: Any) -> None:
-    calls = bench_cmd.add_parser(
-        "calls", help="time to first audio, barge-in and capacity over concurrent real calls")
-    calls.add_argument("--url", help="bench a running server (default: start one, --profile)")
-    calls.add_argument("--profile", default="tiny", help="the profile of the server started")
-    add_setting_flags(calls, ("models_dir",))
-    calls.add_argument("--concurrency", type=concurrency_levels, default=[1, 4, 16],
-                       help="comma-separated levels of concurrent calls, run in turn "
-                       "(default: 1,4,16)")
-    calls.add_argument("--turns", type=int, default=5, help="utterances per call (default: 5)")
-    calls.add_argument("--duration", type=float, default=None,
-                       help="instead of --turns: keep each call talking this many seconds")
-    calls.add_argument("--workers", type=int, default=None,
-                       help="caller processes (default: one per CPU core)")
-    calls.add_argument("--pause", type=float, default=1.0,
-                       help="seconds a caller waits after a reply before speaking again")
-    calls.add_argument("--barge-in-every", type=int, default=3,
-                       help="talk over every n-th reply (0: never; default: 3)")
-    calls.add_argument("--reply-tokens", type=int, default=None,
-                       help="max_output_tokens asked of each call (default: the server's)")
-    calls.add_argument("--codec", choices=("opus", "PCMU", "PCMA"), default=None,
-                       help="offer only this codec (default: all, the server picks Opus)")
-    calls.add_argument("--callers", choices=("full", "light"), default="full",
-                       help="light: callers send Opus packets encoded once and hear replies "
-                       "from packet sizes, so they cost far less CPU than the server "
-                       "(default: full, aiortc's encoder and decoder)")
-    calls.add_argument("--api-key", default=os.environ.get("OMNIVOX_API_KEY"),
-                       help="Bearer key for a server with API keys (or OMNIVOX_API_KEY)")
-    calls.add_argument("--turn-detection", choices=("server_vad", "semantic_vad"), default=None,
-                       help="the callers' session.update turn_detection.type (default: the "
-                       "server's, server_vad with a 500 ms silence)")
-    calls.add_argument("--eagerness", choices=("low", "medium", "high", "auto"), default=None,
-                       help="semantic_vad's eagerness (default: auto)")
-    calls.add_argument("--compare-sequential", action="store_true",
-                       help="also run the lowest level on a server whose stages do not overlap")
-    calls.add_argument("--sequential-url",
-                       help="with --url: that server, started with --sequential-stages")
-    calls.add_argument("--speech-dir", type=Path, default=None,
-                       help="cache of the spoken utterances (default: ~/.cache/omnivox)")
-    calls.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
-    calls.add_argument("--plots", dest="plots_dir", type=Path, help="write PNG plots here")
-    calls.add_argument("--no-progress", action="store_true", help="no progress bar")
-    calls.add_argument("--log-level", default="warning")
+def bench(args: argparse.Namespace, settings: Settings) -> int:
+    from agent.bench.command import BenchUsageError, run
 
-
-def add_bench_asr(bench_cmd: Any) -> None:
-    from agent.bench.asr_run import add_parser
-
-    add_parser(bench_cmd)
-
-
-def bench_asr(args: argparse.Namespace, settings: Settings) -> int:
-    from agent.bench.asr_run import command
-
-    return command(args, settings)
-
-
-def add_bench_answers(bench_cmd: Any) -> None:
-    from agent.bench.answers import add_parser
-
-    add_parser(bench_cmd)
-
-
-def bench_answers(args: argparse.Namespace, settings: Settings) -> int:
-    from agent.bench.answers import command
-
-    return command(args, settings)
-
-
-def add_bench_turn_ends(bench_cmd: Any) -> None:
-    from agent.bench.turn_ends import add_parser
-
-    add_parser(bench_cmd)
-
-
-def bench_turn_ends(args: argparse.Namespace, settings: Settings) -> int:
-    from agent.bench.turn_ends import command
-
-    return command(args, settings)
-
-
-def add_bench_gpu(bench_cmd: Any) -> None:
-    from agent.bench.gpu import add_parser
-
-    add_parser(bench_cmd)
-
-
-def bench_gpu(args: argparse.Namespace, settings: Settings) -> int:
-    from agent.bench.gpu import command
-
-    return command(args, settings)
+    try:
+        return run(args, settings)
+    except BenchUsageError as exc:
+        raise CommandLineError(str(exc)) from None
 
 
 def add_sip(commands: Any) -> None:
@@ -189,17 +81,6 @@ def sip_bridge(args: argparse.Namespace, settings: Settings) -> int:
     except BridgeSettingsError as exc:
         raise CommandLineError(f"sip: {exc}") from None
     return run(bridge)
-
-
-def concurrency_levels(text: str) -> list[int]:
-    try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of numbers: {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"levels must be whole numbers >= 1: {text!r}")
-    return levels
 
 
 def model_version(text: str) -> str:
@@ -373,69 +254,12 @@ def output_schema_of(path: Path | None) -> dict[str, Any] | None:
     return schema
 
 
-def bench_pipeline(args: argparse.Namespace, settings: Settings) -> int:
-    from agent.bench.pipeline_turns import run_bench
-    from agent.bench.report import print_pipeline_report, write_json
-    from agent.profiles import pipeline_settings
-
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the figures, not engine chatter
-    result = run_bench(pipeline_settings(settings), tokens=args.tokens)
-    result["profile"] = settings.profile
-    print_pipeline_report(result)
-    if args.json_path:
-        write_json(args.json_path, result)
-    return 0
-
-
-def bench_turn(args: argparse.Namespace, settings: Settings) -> int:
-    from agent.bench.turn import run
-
-    if args.turns < 1:
-        raise CommandLineError("bench turn: --turns must be at least 1")
-    return run(settings, args.url, args.turns, args.json_path)
-
-
-def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
-    from agent.bench.calls import Options, run
-
-    turns = None if args.duration is not None else args.turns
-    if turns is not None and turns < 1:
-        raise CommandLineError("bench calls: --turns must be at least 1")
-    if args.duration is not None and args.duration <= 0:
-        raise CommandLineError("bench calls: --duration must be positive")
-    if args.barge_in_every < 0 or args.barge_in_every == 1:
-        raise CommandLineError("bench calls: --barge-in-every must be 0 or at least 2")
-    if args.sequential_url and not args.url:
-        raise CommandLineError("bench calls: --sequential-url goes with --url")
-    if args.eagerness and args.turn_detection != "semantic_vad":
-        raise CommandLineError("bench calls: --eagerness goes with --turn-detection semantic_vad")
-    if args.url and args.compare_sequential and not args.sequential_url:
-        raise CommandLineError("bench calls: --compare-sequential with --url needs "
-                               "--sequential-url (a server started with --sequential-stages)")
-    return run(Options(
-        concurrency=args.concurrency, turns=turns, duration_s=args.duration, url=args.url,
-        profile=settings.profile, models_dir=settings.models_dir,
-        workers=args.workers, pause_s=args.pause, barge_in_every=args.barge_in_every,
-        reply_tokens=args.reply_tokens, codec=args.codec, api_key=args.api_key,
-        callers=args.callers, turn_detection=args.turn_detection, eagerness=args.eagerness,
-        compare_sequential=args.compare_sequential,
-        sequential_url=args.sequential_url,
-        speech_dir=args.speech_dir, json_path=args.json_path, plots_dir=args.plots_dir,
-        progress=not args.no_progress))
-
-
 COMMANDS = {
     ("serve", None): serve,
     ("models", "build"): build_models,
     ("models", "rollout"): rollout_model,
     ("models", "retire"): retire_model,
-    ("bench", "pipeline"): bench_pipeline,
-    ("bench", "turn"): bench_turn,
-    ("bench", "calls"): bench_calls,
-    ("bench", "asr"): bench_asr,
-    ("bench", "gpu"): bench_gpu,
-    ("bench", "answers"): bench_answers,
-    ("bench", "turn-ends"): bench_turn_ends,
+    ("bench", None): bench,  # each benchmark: agent/bench/command.py
     ("sip", None): sip_bridge,
 }
 
@@ -444,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     from agent.profiles import ProfileError
 
     args = parse_args(argv)
-    command = COMMANDS[(args.command, getattr(args, f"{args.command}_command", None))]
+    group = getattr(args, f"{args.command}_command", None)
+    command = COMMANDS.get((args.command, group)) or COMMANDS[(args.command, None)]
     try:
         settings = settings_of(args)
         logs.configure(settings.log_level, settings.log_format)

@@ -3,6 +3,7 @@ and its `omnivox serve --flag` (pydantic-settings; the command line wins over th
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -210,3 +211,15 @@ class Settings(BaseSettings):
                                   or "/" in rest):
                 raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port]")
         return origins
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """One command-line flag per setting in `names` (--max-calls for max_calls), its help and
+    default read from the setting's declaration above."""
+    for name in names:
+        field = Settings.model_fields[name]
+        default = field.get_default(call_default_factory=True)
+        shown = default.relative_to(REPO_ROOT) if isinstance(default, Path) else default
+        parser.add_argument(
+            "--" + name.replace("_", "-"), default=None, metavar=name.split("_")[-1].upper(),
+            help=f"{field.description} (default: {shown}; environment: {env_name(name)})")
