@@ -16,6 +16,7 @@ import pytest
 
 from agent.realtime.semantic_turns import PAUSE_MS, turn_ending
 from agent.realtime.session_config import MAX_REPLY_TOKENS, aggressiveness
+from media.vad import VadConfig
 from tests.audio_fixtures import speech_bounds
 from tests.product_calls import (
     LOUD,
@@ -123,7 +124,7 @@ async def test_semantic_vad_is_taken_and_server_vad_restores_the_silence(
         "input"]["turn_detection"]
     assert detection["type"] == "server_vad"
     vad = session.call.vad.config
-    assert (vad.pause_ms, vad.silence_ms) == (0, 500)
+    assert (vad.pause_ms, vad.silence_ms) == (VadConfig().pause_ms, 500)
     assert session.settings.eagerness is None
     assert not caller.of_type("error")
 

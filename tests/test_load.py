@@ -23,6 +23,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.bench.calls_report import summarise
@@ -48,6 +49,16 @@ def minute_rss(watch: ServerWatch, started_at: float, minute: int) -> float:
     return statistics.median(rss)
 
 
+def rss_slope(watch: ServerWatch, started_at: float, ended_at: float) -> float:
+    """The API process's RSS trend (MiB per minute) after the first minute, the warm-up: a
+    leak shows as a steady slope over a long run, buffering under load as a bump."""
+    samples = [((s.at - started_at) / 60.0, s.rss / 2**20)
+               for s in watch.between(started_at + 60.0, ended_at) if s.rss is not None]
+    assert len(samples) >= 2, "too few RSS samples after the warm-up"
+    minutes, mib = zip(*samples, strict=True)
+    return float(np.polyfit(minutes, mib, 1)[0])
+
+
 def test_calls_held_for_minutes(tiny_models_dir: Path, tmp_path: Path) -> None:
     plan = Plan(url="", concurrency=CALLS, speech=utterance_wavs(UTTERANCES, tmp_path),
                 turns=None, duration_s=DURATION_S, pause_s=8.0, barge_in_every=4,
@@ -60,6 +71,7 @@ def test_calls_held_for_minutes(tiny_models_dir: Path, tmp_path: Path) -> None:
         level = summarise(run)
         rss1 = minute_rss(watch, run.started_at, 1)
         rss2 = minute_rss(watch, run.started_at, 2)
+        slope = rss_slope(watch, run.started_at, run.started_at + DURATION_S)
     srv = level["server"] or {}
     print(f"\n[load] {level['calls_connected']}/{CALLS} calls held for {level['wall_s']:.0f} s, "
           f"{level['calls_dropped']} dropped; turns {level['turns_ok']} ok, "
@@ -69,7 +81,7 @@ def test_calls_held_for_minutes(tiny_models_dir: Path, tmp_path: Path) -> None:
           f"{srv.get('event_loop_lag_p99_last_minute_ms')} ms over the last minute "
           f"(target < 50 ms); /healthz round trip {srv.get('healthz_ms')}")
     print(f"[load] API process RSS: minute 1 {rss1:.1f} MiB, minute 2 {rss2:.1f} MiB "
-          f"({(rss2 - rss1) / rss1:+.1%})")
+          f"({(rss2 - rss1) / rss1:+.1%}); slope after minute 1 {slope:+.2f} MiB/min")
     print(f"[load] at the callers: ttfa {level['ttfa_ms']}, barge-in stop "
           f"{level['barge_in_stop_ms']}, longest gap {level['gaps_ms_max']} ms, longest late "
           f"arrival {level['late_ms_max']} ms, generator loop lag p99 "
@@ -83,3 +95,6 @@ def test_calls_held_for_minutes(tiny_models_dir: Path, tmp_path: Path) -> None:
     per_call = {c["call"]: c["turns_ok"] for c in run.calls}
     assert all(n >= 2 for n in per_call.values()), per_call
     assert abs(rss2 - rss1) / rss1 <= RSS_TOLERANCE, (rss1, rss2)
+    if DURATION_S >= 300:  # the soak: no steady growth (a leak) over the run after warm-up
+        growth = slope * (DURATION_S / 60.0 - 1.0)
+        assert growth <= RSS_TOLERANCE * rss1, (rss1, slope, growth)
