@@ -1,0 +1,126 @@
+"""Call workers (`serve --call-workers 2`, agent/calls/workers.py): two real WebRTC calls land
+on different worker processes, both on the one shared tiny pipeline; each call's later requests
+(its sideband, its DELETE) reach its worker; a worker killed with SIGKILL ends only its own call
+(recorded `call_worker_died`) while the other goes on, and the worker is started again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+
+from agent.app import create_app
+from agent.calls.workers import DIED, CallWorkers
+from agent.config import ConversationSettings, Settings, default_call_workers
+from tests.product_calls import LOUD, connect, say, wait_until
+from tests.rtc_client import RtcCaller
+from tests.served import Served, serve
+
+
+def test_default_call_workers_follows_the_cores() -> None:
+    assert [default_call_workers(n) for n in (1, 2, 4, 7, 8, 12, 16, 32, 64)] == [
+        1, 1, 1, 1, 2, 3, 4, 8, 8]
+    with pytest.raises(ValueError, match="call_workers"):
+        Settings(call_workers=0)
+
+
+@pytest.fixture
+async def front(tiny_server: Served, tmp_path: Path) -> AsyncIterator[Served]:
+    """A server with two call workers on the shared tiny pipeline (never a second one)."""
+    pipeline = tiny_server.app.state.pipeline
+    settings = Settings(profile="tiny", models_dir=pipeline.settings.models_dir,
+                        data_dir=tmp_path / "data", call_workers=2, max_calls=4,
+                        conversation=ConversationSettings(max_reply_tokens=24))
+    app = create_app(settings, pipeline=pipeline, owns_pipeline=False)
+    async with serve(app) as served:
+        await wait_until(lambda: len(workers(served).by_load()) == 2, 120, "two workers up")
+        yield served
+
+
+def workers(served: Served) -> CallWorkers:
+    return served.app.state.call_workers
+
+
+def call_id(caller: RtcCaller) -> str:
+    assert caller.location is not None
+    return caller.location.rsplit("/", 1)[1]
+
+
+async def answered(caller: RtcCaller, text: str, count: int) -> None:
+    """The caller asks by text and hears the agent's reply (its `count`-th)."""
+    heard = len(caller.received)
+    say(caller, text)
+    done = await caller.wait_for("response.done", timeout=120, count=count)
+    assert done["response"]["status"] == "completed", done
+    await wait_until(lambda: any(np.abs(f).max() > LOUD for f in caller.received[heard:]),
+                     30, "the reply's audio")
+
+
+async def record(served: Served, call: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        return (await http.get(f"/v1/calls/{call}")).json()
+
+
+@pytest.mark.engines
+async def test_calls_on_two_workers_and_a_worker_death(front: Served) -> None:
+    first, second = await connect(front.url), await connect(front.url)
+    try:
+        on_first = workers(front).worker_of(call_id(first))
+        on_second = workers(front).worker_of(call_id(second))
+        assert on_first is not None and on_second is not None
+        assert on_first is not on_second  # least loaded first: one call each
+        async with httpx.AsyncClient(base_url=front.url) as http:
+            ready = (await http.get("/readyz")).json()
+        assert ready["calls"] == 2
+        assert sorted(w["calls"] for w in ready["call_workers"]) == [1, 1]
+
+        await answered(first, "Hello there.", 1)
+        await answered(second, "Good morning.", 1)
+
+        # The sideband of the second call reaches its worker: it sees that call's session
+        # and steers it (a message it adds is answered on the call).
+        sideband_url = front.url.replace("http", "ws") + f"/v1/realtime?call_id={call_id(second)}"
+        async with ws_connect(sideband_url) as sideband:
+            created = json.loads(await sideband.recv())
+            assert created["type"] == "session.created"
+            await sideband.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "And now?"}]}}))
+            await second.wait_for("response.done", timeout=120, count=2)
+
+        # SIGKILL the second call's worker: only that call ends, and says why.
+        assert on_second.process is not None
+        dead_pid = on_second.process.pid
+        os.kill(dead_pid, signal.SIGKILL)
+        await wait_until(lambda: on_second.restarts == 1 and on_second.up, 120,
+                         "the dead worker started again")
+        assert on_second.process.pid != dead_pid
+        assert (await record(front, call_id(second)))["end_reason"] == DIED
+        assert (await record(front, call_id(first)))["end_reason"] is None
+
+        await answered(first, "Are you still there?", 2)  # the other call goes on
+        third = await connect(front.url)  # and the restarted worker takes calls
+        try:
+            assert workers(front).worker_of(call_id(third)) is on_second
+        finally:
+            await third.hang_up()
+
+        # DELETE through the front reaches the first call's worker.
+        async with httpx.AsyncClient(base_url=front.url) as http:
+            gone = await http.delete(f"/v1/realtime/calls/{call_id(first)}")
+            assert gone.status_code == 204
+            again = await http.delete(f"/v1/realtime/calls/{call_id(second)}")
+            assert again.status_code == 404
+        await wait_until(lambda: workers(front).live() == 0, 30, "no call left")
+        assert (await record(front, call_id(first)))["end_reason"] not in (None, DIED)
+    finally:
+        await first.close()
+        await second.close()
