@@ -36,7 +36,7 @@ from agent.api.version_route import router as version_router
 from agent.api.version_route import versions
 from agent.calls.call import Call, HandlerFactory
 from agent.calls.registry import CallRegistry, announce_stage_failures
-from agent.calls.workers import CallWorkers
+from agent.calls.workers import CallWorkers, exit_with_front
 from agent.config import Settings
 from agent.ops.admission import Admission, AdmissionLimits
 from agent.ops.metrics import Metrics
@@ -217,11 +217,13 @@ def create_worker_app(settings: Settings, pool_owner: int) -> FastAPI:
         gc.freeze()  # as in create_app: no full collections over what lives as long as this
         loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())
         load = asyncio.create_task(app.state.admission.run())
+        orphaned = asyncio.create_task(exit_with_front())
         try:
             yield
         finally:
             loop_lag.cancel()
             load.cancel()
+            orphaned.cancel()
             await app.state.calls.close_all()
             await detach_all(models)
             await asyncio.to_thread(app.state.records.close)

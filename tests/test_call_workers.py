@@ -18,8 +18,10 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from agent.app import create_app
+from agent.bench.server import histogram_quantile, parse_samples
 from agent.calls.workers import DIED, CallWorkers
 from agent.config import ConversationSettings, Settings, default_call_workers
+from agent.ops.metrics_merge import merged
 from tests.product_calls import LOUD, connect, say, wait_until
 from tests.rtc_client import RtcCaller
 from tests.served import Served, serve
@@ -30,6 +32,27 @@ def test_default_call_workers_follows_the_cores() -> None:
         1, 1, 1, 1, 2, 3, 4, 8, 8]
     with pytest.raises(ValueError, match="call_workers"):
         Settings(call_workers=0)
+
+
+def test_metrics_of_the_workers_add_up_under_their_label() -> None:
+    def exposition(lateness_s: list[float]) -> str:
+        from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+        registry = CollectorRegistry()
+        late = Histogram("late_seconds", "lateness", registry=registry,
+                         buckets=(0.01, 0.02, 0.05, 0.1))
+        for value in lateness_s:
+            late.observe(value)
+        return generate_latest(registry).decode()
+
+    text = merged(exposition([]).encode(), {"0": exposition([0.005] * 98),
+                                            "1": exposition([0.08] * 2)}).decode()
+    assert text.count("# HELP late_seconds ") == 1  # one family, three sources
+    assert 'call_worker="1"' in text
+    samples = parse_samples(text)
+    assert samples[("late_seconds_count", (("call_worker", "0"),))] == 98
+    p99 = histogram_quantile(0.99, {}, samples, "late_seconds")  # both workers' together
+    assert p99 is not None and 0.05 < p99 <= 0.1
 
 
 @pytest.fixture
@@ -81,6 +104,10 @@ async def test_calls_on_two_workers_and_a_worker_death(front: Served) -> None:
             ready = (await http.get("/readyz")).json()
         assert ready["calls"] == 2
         assert sorted(w["calls"] for w in ready["call_workers"]) == [1, 1]
+        async with httpx.AsyncClient(base_url=front.url) as http:
+            metrics = (await http.get("/metrics")).text
+        assert 'omnivox_active_calls{call_worker="0"} 1.0' in metrics
+        assert 'omnivox_active_calls{call_worker="1"} 1.0' in metrics
 
         await answered(first, "Hello there.", 1)
         await answered(second, "Good morning.", 1)

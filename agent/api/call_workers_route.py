@@ -5,6 +5,7 @@ loaded worker that admits it (one answering 503 `server_busy` or `too_many_calls
 the next; all of them: 503 `server_busy` with Retry-After); the call's later requests (DELETE,
 `hangup`, its sideband WebSocket) go to the worker that holds it. A call's record is read here:
 every process writes the one database. Realtime-over-WebSocket calls stay in the front.
+/metrics adds the workers' (each labelled `call_worker`).
 
 A worker's own (`worker_router`, on its private socket, for the front only): its live calls,
 and the versions served now, to attach to.
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Request, Response, WebSocket
+from prometheus_client import CONTENT_TYPE_LATEST
 from websockets.asyncio.client import ClientConnection, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -33,6 +35,7 @@ from agent.api.signalling import (
     refuse,
 )
 from agent.calls.workers import WORKER_HOST, CallWorker, CallWorkers
+from agent.ops.metrics_merge import merged
 from agent.serving.attached import follow
 
 log = logging.getLogger(__name__)
@@ -183,3 +186,17 @@ async def worker_versions(request: Request) -> Response:
     await follow(request.app.state.models, await request.json(),
                  request.app.state.pool_owner)
     return Response(status_code=204)
+
+
+@front_router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """The front's metrics with its workers' (labelled `call_worker`): the calls' pacing,
+    drops and refusals happen in the workers."""
+    workers: CallWorkers = request.app.state.call_workers
+    texts: dict[str, str] = {}
+    for worker in workers.by_load():
+        assert worker.http is not None
+        with contextlib.suppress(httpx.HTTPError):
+            texts[str(worker.index)] = (await worker.http.get("/metrics")).text
+    own = request.app.state.metrics.exposition()
+    return Response(merged(own, texts), media_type=CONTENT_TYPE_LATEST)

@@ -146,7 +146,10 @@ class CallWorkers:
             worker.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agent.cli", "call-worker", "--socket", worker.socket,
                 "--settings-file", str(settings_file), "--owner", str(worker.owner),
-                "--index", str(worker.index), stdin=asyncio.subprocess.DEVNULL)
+                "--index", str(worker.index), stdin=asyncio.subprocess.DEVNULL,
+                # Its own session: a terminal's Ctrl+C reaches the front alone, which stops
+                # the workers in order (a worker that saw it too would count as dead).
+                start_new_session=True)
             worker.http = worker.http or httpx.AsyncClient(
                 transport=httpx.AsyncHTTPTransport(uds=worker.socket),
                 base_url=worker.base_url, timeout=30.0)
@@ -239,3 +242,13 @@ class CallWorkers:
 
     def status(self) -> list[dict[str, Any]]:
         return [w.status() for w in self.workers]
+
+
+async def exit_with_front(interval_s: float = 1.0) -> None:
+    """In a call worker: stop (SIGTERM to itself: its calls closed) once its front is gone, so
+    that a front killed outright leaves no worker behind."""
+    front = os.getppid()
+    while os.getppid() == front:
+        await asyncio.sleep(interval_s)
+    log.error("the front (pid %d) is gone: this call worker stops", front)
+    os.kill(os.getpid(), signal.SIGTERM)
