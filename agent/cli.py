@@ -124,7 +124,7 @@ def add_bench_calls(bench_cmd: Any) -> None:
     calls.add_argument("--speech-dir", type=Path, default=None,
                        help="cache of the spoken utterances (default: ~/.cache/omnivox)")
     calls.add_argument("--call-workers", type=concurrency_levels, default=None,
-                       metavar="N,M", help="start a server with each number of call workers, "
+                       dest="bench_call_workers", metavar="N,M", help="start a server with each number of call workers, "
                        "run the levels on each, report the calls carried on time and the ratio")
     calls.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
     calls.add_argument("--plots", dest="plots_dir", type=Path, help="write PNG plots here")
@@ -427,7 +427,7 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandLineError("bench calls: --barge-in-every must be 0 or at least 2")
     if args.sequential_url and not args.url:
         raise CommandLineError("bench calls: --sequential-url goes with --url")
-    if args.call_workers and args.url:
+    if args.bench_call_workers and args.url:
         raise CommandLineError("bench calls: --call-workers starts its own servers, no --url")
     if args.url and args.compare_sequential and not args.sequential_url:
         raise CommandLineError("bench calls: --compare-sequential with --url needs "
@@ -440,7 +440,7 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         callers=args.callers, compare_sequential=args.compare_sequential,
         sequential_url=args.sequential_url,
         speech_dir=args.speech_dir, json_path=args.json_path, plots_dir=args.plots_dir,
-        progress=not args.no_progress, call_workers=args.call_workers))
+        progress=not args.no_progress, call_workers=args.bench_call_workers))
 
 
 COMMANDS = {
