@@ -124,8 +124,9 @@ def add_bench_calls(bench_cmd: Any) -> None:
     calls.add_argument("--speech-dir", type=Path, default=None,
                        help="cache of the spoken utterances (default: ~/.cache/omnivox)")
     calls.add_argument("--call-workers", type=concurrency_levels, default=None,
-                       dest="bench_call_workers", metavar="N,M", help="start a server with each number of call workers, "
-                       "run the levels on each, report the calls carried on time and the ratio")
+                       dest="bench_call_workers", metavar="N,M",
+                       help="start a server with each number of call workers, run the levels "
+                       "on each, report the calls carried on time and the ratio")
     calls.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
     calls.add_argument("--plots", dest="plots_dir", type=Path, help="write PNG plots here")
     calls.add_argument("--no-progress", action="store_true", help="no progress bar")
