@@ -18,6 +18,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from agent.app import create_app
+from agent.bench.scaling import scaling, scaling_table
 from agent.bench.server import histogram_quantile, parse_samples
 from agent.calls.workers import DIED, CallWorkers
 from agent.config import ConversationSettings, Settings, default_call_workers
@@ -151,3 +152,17 @@ async def test_calls_on_two_workers_and_a_worker_death(front: Served) -> None:
     finally:
         await first.close()
         await second.close()
+
+
+def test_scaling_counts_the_calls_carried_on_time() -> None:
+    def level(calls: int, late_ms: float | None, dropped: int = 0) -> dict[str, Any]:
+        return {"concurrency": calls, "calls_connected": calls, "calls_dropped": dropped,
+                "turns_ok": calls, "capacity": {"pacing_late_p99_ms": late_ms}}
+
+    figures = scaling({1: [level(4, 12.0), level(8, 35.0)],
+                       2: [level(4, 8.0), level(8, 15.0), level(16, 60.0, dropped=1)]})
+    one, two = figures["servers"]
+    assert one["carried"]["20"] == 4 and two["carried"]["20"] == 8
+    assert two["ratio"]["20"] == 2.0
+    assert one["carried"]["50"] == 8 and two["carried"]["200"] == 8  # a drop carries nothing
+    assert "call workers" in scaling_table({"scaling": figures})
