@@ -2,7 +2,8 @@
 
 The front's (`front_router`, ahead of the plain routes): a WebRTC offer goes to the least
 loaded worker that admits it (one answering 503 `server_busy` or `too_many_calls` passes it to
-the next; all of them: 503 `server_busy` with Retry-After); the call's later requests (DELETE,
+the next; all of them: 503 `server_busy` with Retry-After; an offer resuming a dropped call
+goes on to the next while a worker does not know its token); the call's later requests (DELETE,
 `hangup`, its sideband WebSocket) go to the worker that holds it. A call's record is read here:
 every process writes the one database. Realtime-over-WebSocket calls stay in the front.
 /metrics adds the workers' (each labelled `call_worker`).
@@ -45,6 +46,7 @@ worker_router = APIRouter()
 PASSED_ON = ("content-type", RESUME_HEADER.lower())  # what an offer keeps of its headers
 ANSWERED = ("content-type", "location", "retry-after")  # what its answer keeps of the worker's
 FULL = ("server_busy", "too_many_calls")  # a worker refusing for want of room: try the next
+RESUME_UNKNOWN = "resume_expired"  # a worker that never held the dropped call says this
 
 
 def _answer(response: httpx.Response) -> Response:
@@ -72,15 +74,21 @@ async def create_call(request: Request) -> Response:
         return json_error(413, "sdp_too_large",
                           f"offer exceeds {state.settings.max_sdp_bytes} bytes")
     headers = {k: v for k, v in request.headers.items() if k.lower() in PASSED_ON}
+    unknown: httpx.Response | None = None  # a resume token the workers asked so far lack
     for worker in workers.by_load():
         response = await _offer(workers, worker, body, headers)
         if response is None or (response.status_code == 503 and _code(response) in FULL):
+            continue
+        if response.status_code == 410 and _code(response) == RESUME_UNKNOWN:
+            unknown = response  # the dropped call may have lived on another worker
             continue
         if response.status_code == 201:
             call_id = response.headers.get("location", "").rsplit("/", 1)[-1]
             workers.routed(worker, call_id)
             log.info("call %s on call worker %d", call_id, worker.index)
         return _answer(response)
+    if unknown is not None:
+        return _answer(unknown)
     return refuse(request, 503, "server_busy", "server busy: every call worker is full",
                   **{"Retry-After": str(BUSY_RETRY_AFTER_S)})
 
