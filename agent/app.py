@@ -136,6 +136,8 @@ def create_app(
             None if workers.by_load() else "no call worker is up yet")
     if serving is not None:  # a stage given up for good is announced on every live call
         announce_stage_failures(serving, app.state.calls)
+        if workers is not None:  # the workers' calls too
+            serving.on_stage_failed(workers.announce)
     app.state.pipeline = pipeline
     app.state.completion_slots = CompletionSlots(settings.max_completions_in_flight)
     app.state.handler_factory = handler_factory

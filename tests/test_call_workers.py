@@ -94,7 +94,8 @@ async def record(served: Served, call: str) -> dict[str, Any]:
 
 
 @pytest.mark.engines
-async def test_calls_on_two_workers_and_a_worker_death(front: Served) -> None:
+async def test_calls_on_two_workers_and_a_worker_death(
+        front: Served, caplog: pytest.LogCaptureFixture) -> None:
     first, second = await connect(front.url), await connect(front.url)
     try:
         on_first = workers(front).worker_of(call_id(first))
@@ -112,6 +113,13 @@ async def test_calls_on_two_workers_and_a_worker_death(front: Served) -> None:
 
         await answered(first, "Hello there.", 1)
         await answered(second, "Good morning.", 1)
+
+        # A stage given up for good (the pipeline's listener, called as the supervisor would):
+        # the calls on both workers hear it.
+        workers(front).announce("talker", "a test says so")
+        for caller in (first, second):
+            error = await caller.wait_for("error", timeout=30)
+            assert error["error"]["code"] == "stage_failed"
 
         # The sideband of the second call reaches its worker: it sees that call's session
         # and steers it (a message it adds is answered on the call).
@@ -131,6 +139,7 @@ async def test_calls_on_two_workers_and_a_worker_death(front: Served) -> None:
         await wait_until(lambda: on_second.restarts == 1 and on_second.up, 120,
                          "the dead worker started again")
         assert on_second.process.pid != dead_pid
+        assert f"call worker {on_second.index} (pid {dead_pid}) died" in caplog.text
         assert (await record(front, call_id(second)))["end_reason"] == DIED
         assert (await record(front, call_id(first)))["end_reason"] is None
 

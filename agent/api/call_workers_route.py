@@ -9,7 +9,7 @@ every process writes the one database. Realtime-over-WebSocket calls stay in the
 /metrics adds the workers' (each labelled `call_worker`).
 
 A worker's own (`worker_router`, on its private socket, for the front only): its live calls,
-and the versions served now, to attach to.
+the versions served now, to attach to, and a stage given up for good, for its calls to hear.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from agent.api.signalling import (
     refusal,
     refuse,
 )
+from agent.calls.registry import tell_stage_failed
 from agent.calls.workers import WORKER_HOST, CallWorker, CallWorkers
 from agent.ops.metrics_merge import merged
 from agent.serving.attached import follow
@@ -186,6 +187,14 @@ async def _relay(client: WebSocket, upstream: ClientConnection) -> None:
 async def worker_calls(request: Request) -> dict[str, Any]:
     """The live calls of this worker (the front prunes its routes with it)."""
     return {"calls": [call.id for call in request.app.state.calls]}
+
+
+@worker_router.post("/v1/worker/stage-failed", status_code=204)
+async def worker_stage_failed(request: Request) -> Response:
+    """The front's pipeline gave a stage up for good: this worker's calls hear it."""
+    failed = await request.json()
+    tell_stage_failed(request.app.state.calls, str(failed["stage"]), str(failed["reason"]))
+    return Response(status_code=204)
 
 
 @worker_router.put("/v1/worker/versions", status_code=204)

@@ -28,7 +28,7 @@ def carried(level: dict[str, Any], limit_ms: float) -> int:
 
 def scaling(runs: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per call-worker count and limit: the calls carried, and the ratio to the first count."""
-    servers = []
+    servers: list[dict[str, Any]] = []
     for workers, levels in runs.items():
         servers.append({
             "call_workers": workers,

@@ -95,6 +95,7 @@ class CallWorkers:
         self.workers = [CallWorker(i, f"{self.dir}/worker-{i}.sock")
                         for i in range(settings.call_workers)]
         self._tasks: list[asyncio.Task[None]] = []
+        self._telling: set[asyncio.Task[None]] = set()  # stage failures on their way
         self._stopping = False
 
     # -- lifetime ------------------------------------------------------------------------
@@ -236,6 +237,23 @@ class CallWorkers:
                     headers={"content-type": "application/json"}, timeout=60.0)
                 response.raise_for_status()
                 worker.synced = served
+
+    def announce(self, stage: str, reason: str) -> None:
+        """A stage was given up for good: every worker tells its live calls (a listener of
+        the pipeline's, on the event loop)."""
+        for worker in self.by_load():
+            task = asyncio.create_task(self._tell(worker, stage, reason))
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+
+    async def _tell(self, worker: CallWorker, stage: str, reason: str) -> None:
+        assert worker.http is not None
+        try:
+            await worker.http.post("/v1/worker/stage-failed",
+                                   json={"stage": stage, "reason": reason})
+        except httpx.HTTPError as exc:
+            log.warning("call worker %d did not hear that %s failed: %r", worker.index,
+                        stage, exc)
 
     def live(self) -> int:
         return sum(len(w.calls) for w in self.workers)
