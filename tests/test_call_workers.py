@@ -1,7 +1,8 @@
 """Call workers (`serve --call-workers 2`, agent/calls/workers.py): two real WebRTC calls land
 on different worker processes, both on the one shared tiny pipeline; each call's later requests
 (its sideband, its DELETE) reach its worker; a worker killed with SIGKILL ends only its own call
-(recorded `call_worker_died`) while the other goes on, and the worker is started again."""
+(recorded `call_worker_died`) while the other goes on, and the worker is started again; a
+resumed call reaches the worker that held it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 
+from agent.api.signalling import RESUME_HEADER
 from agent.app import create_app
 from agent.bench.scaling import scaling, scaling_table
 from agent.bench.server import histogram_quantile, parse_samples
@@ -24,7 +26,7 @@ from agent.calls.workers import DIED, CallWorkers
 from agent.config import ConversationSettings, Settings, default_call_workers
 from agent.ops.metrics_merge import merged
 from tests.product_calls import LOUD, connect, say, wait_until
-from tests.rtc_client import RtcCaller
+from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served, serve
 
 
@@ -148,16 +150,25 @@ async def test_calls_on_two_workers_and_a_worker_death(
         try:
             assert workers(front).worker_of(call_id(third)) is on_second
         finally:
-            await third.hang_up()
+            await third.hang_up()  # DELETE through the front, to the restarted worker
+        await wait_until(lambda: not on_second.calls, 30, "the third call gone")
+        assert (await record(front, call_id(third)))["end_reason"] == "hangup"
 
-        # DELETE through the front reaches the first call's worker.
+        # Resuming the first call: offered first to the idle worker, which never held it
+        # (410), then to the first call's worker, which hands its conversation over.
+        token = first.of_type("session.created")[0]["resume"]["token"]
+        back = RtcCaller(front.url, ArrayAudioTrack(np.zeros(0, np.int16)))
+        await back.connect(headers={RESUME_HEADER: token})
+        try:
+            await back.wait_for("session.created")
+            assert workers(front).worker_of(call_id(back)) is on_first
+            await answered(back, "Where were we?", 1)
+        finally:
+            await back.hang_up()
         async with httpx.AsyncClient(base_url=front.url) as http:
-            gone = await http.delete(f"/v1/realtime/calls/{call_id(first)}")
-            assert gone.status_code == 204
-            again = await http.delete(f"/v1/realtime/calls/{call_id(second)}")
-            assert again.status_code == 404
+            gone = await http.delete(f"/v1/realtime/calls/{call_id(second)}")
+            assert gone.status_code == 404  # its worker died: no such call any more
         await wait_until(lambda: workers(front).live() == 0, 30, "no call left")
-        assert (await record(front, call_id(first)))["end_reason"] not in (None, DIED)
     finally:
         await first.close()
         await second.close()
