@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 
 from agent.api import auth
+from agent.api.call_workers_route import front_router, worker_router
 from agent.api.chat_completions import router as chat_completions_router
 from agent.api.completion_slots import CompletionSlots
 from agent.api.models_route import router as models_router
@@ -35,6 +36,7 @@ from agent.api.version_route import router as version_router
 from agent.api.version_route import versions
 from agent.calls.call import Call, HandlerFactory
 from agent.calls.registry import CallRegistry, announce_stage_failures
+from agent.calls.workers import CallWorkers, exit_with_front
 from agent.config import Settings
 from agent.ops.admission import Admission, AdmissionLimits
 from agent.ops.metrics import Metrics
@@ -42,6 +44,7 @@ from agent.ops.metrics import router as metrics_router
 from agent.ops.readiness import Readiness
 from agent.ops.records import CallRecords
 from agent.realtime.session import Session
+from agent.serving.attached import detach_all
 from agent.serving.binding import call_pipeline
 from agent.serving.registry import ModelRegistry
 from agent.serving.rollout import Rollouts
@@ -92,11 +95,15 @@ def create_app(
                 task, app.state.readiness, lambda: first is None or models.is_default(first)))
         loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())
         load = asyncio.create_task(app.state.admission.run())
+        if workers is not None:
+            await workers.start()
         try:
             yield
         finally:
             loop_lag.cancel()
             load.cancel()
+            if workers is not None:
+                await workers.stop()  # each closes its calls and writes their records
             await app.state.calls.close_all()
             await app.state.rollouts.close()  # the versions a rollout started stop with the app
             await asyncio.to_thread(app.state.records.close)  # the calls' end rows written
@@ -118,14 +125,19 @@ def create_app(
     app.state.rollouts = Rollouts(models, settings)
     metrics.registry.register(RolloutCollector(models, app.state.rollouts))
     metrics.track(lambda: len(app.state.calls), serving)
-    app.state.admission = Admission(AdmissionLimits(
-        max_loop_lag_s=settings.admission_max_loop_lag_ms / 1e3,
-        max_cpu_wait=settings.admission_max_cpu_wait, window_s=settings.admission_window_s,
-        max_pacing_late_s=settings.admission_max_pacing_late_ms / 1e3,
-    ), app.state.metrics.loop_lag_monitor)
+    app.state.admission = admission_of(settings, metrics)
     app.state.readiness = Readiness(serving, app.state.admission)
+    # Call workers (agent/calls/workers.py): past 1, the WebRTC calls live in their processes.
+    workers = (CallWorkers(settings, records, models, lambda: _pools(models))
+               if settings.call_workers > 1 and pipeline is not None else None)
+    app.state.call_workers = workers
+    if workers is not None:
+        app.state.readiness.call_plane = lambda: (
+            None if workers.by_load() else "no call worker is up yet")
     if serving is not None:  # a stage given up for good is announced on every live call
         announce_stage_failures(serving, app.state.calls)
+        if workers is not None:  # the workers' calls too
+            serving.on_stage_failed(workers.announce)
     app.state.pipeline = pipeline
     app.state.completion_slots = CompletionSlots(settings.max_completions_in_flight)
     app.state.handler_factory = handler_factory
@@ -145,14 +157,18 @@ def create_app(
             "status": readiness.status(),
             "detail": readiness.summary(),
             "stages": readiness.stages(),
-            "calls": len(request.app.state.calls),
+            "calls": live_calls(request.app),
             "versions": versions(request.app),
         }
+        if workers is not None:
+            body["call_workers"] = workers.status()
         return JSONResponse(body, status_code=200 if ready else 503)
 
     auth.install(app, settings)  # API keys, client secrets, CORS; before the page mount
     if settings.location_prefix:  # added last, so outermost: authentication sees /v1/...
         app.add_middleware(StripPrefix, prefix=settings.location_prefix)
+    if workers is not None:  # ahead of the plain routes: calls go to the workers
+        app.include_router(front_router)
     app.include_router(signalling_router)
     app.include_router(realtime_ws_router)
     app.include_router(records_router)
@@ -164,6 +180,76 @@ def create_app(
     app.include_router(transcription_router)
     app.include_router(metrics_router)
     app.mount("/", StaticFiles(directory=settings.web_dir, html=True), name="web")
+    return app
+
+
+def admission_of(settings: Settings, metrics: Metrics) -> Admission:
+    """Admission control from the settings, on this process's event loop."""
+    return Admission(AdmissionLimits(
+        max_loop_lag_s=settings.admission_max_loop_lag_ms / 1e3,
+        max_cpu_wait=settings.admission_max_cpu_wait, window_s=settings.admission_window_s,
+        max_pacing_late_s=settings.admission_max_pacing_late_ms / 1e3,
+    ), metrics.loop_lag_monitor)
+
+
+def live_calls(app: FastAPI) -> int:
+    """Calls live in this process and in its call workers."""
+    workers: CallWorkers | None = getattr(app.state, "call_workers", None)
+    return len(app.state.calls) + (workers.live() if workers is not None else 0)
+
+
+def _pools(models: ModelRegistry) -> list[Any]:
+    return [v.pipeline.pool for v in models.versions()
+            if getattr(v.pipeline, "pool", None) is not None]
+
+
+def create_worker_app(settings: Settings, pool_owner: int) -> FastAPI:
+    """A call worker's app (agent/calls/workers.py): WebRTC calls and their sidebands, on
+    views of the front's pipelines (the front says which: /v1/worker/versions), their pool
+    blocks tagged `pool_owner`. No rollouts, no page, no keys: only the front reaches it."""
+    models = ModelRegistry(settings.profile)
+
+    def handler_factory(call: Call, model_id: str | None = None) -> Session:
+        return Session(call, call_pipeline(models, model_id, None), call.conversation)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(app.state.records.open)
+        gc.collect()
+        gc.freeze()  # as in create_app: no full collections over what lives as long as this
+        loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())
+        load = asyncio.create_task(app.state.admission.run())
+        orphaned = asyncio.create_task(exit_with_front())
+        try:
+            yield
+        finally:
+            loop_lag.cancel()
+            load.cancel()
+            orphaned.cancel()
+            await app.state.calls.close_all()
+            await detach_all(models)
+            await asyncio.to_thread(app.state.records.close)
+
+    app = FastAPI(title="omnivox call worker", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = metrics = Metrics()
+    app.state.records = records = CallRecords(settings.data_dir)
+    app.state.calls = CallRegistry(settings, metrics, records)
+    app.state.models = models
+    app.state.pool_owner = pool_owner
+    app.state.admission = admission_of(settings, metrics)
+    app.state.readiness = Readiness(None, app.state.admission)  # the front checks the stages
+    app.state.handler_factory = handler_factory
+    metrics.track(lambda: len(app.state.calls), None)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.include_router(worker_router)
+    app.include_router(signalling_router)
+    app.include_router(realtime_ws_router)
+    app.include_router(metrics_router)
     return app
 
 
@@ -224,7 +310,7 @@ class DrainingServer(uvicorn.Server):
 
     def _drained(self) -> bool:
         """Whether the drain is over: no call left, or the bound has passed."""
-        live = len(self.app.state.calls)
+        live = live_calls(self.app)
         if not self._drain_announced:
             self._drain_announced = True
             log.info("SIGTERM: draining, %d live call(s), at most %.0f s; new calls refused",

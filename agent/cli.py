@@ -23,6 +23,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     serve.add_argument("--sequential-stages", action="store_true",
                        help="run the stages one after the other, no overlap (for benchmarks)")
 
+    worker = commands.add_parser(
+        "call-worker", help="one call-worker process (`serve --call-workers N` starts them)")
+    worker.add_argument("--socket", required=True, help="the unix socket to serve on")
+    worker.add_argument("--settings-file", type=Path, required=True,
+                        help="the front's settings, as JSON")
+    worker.add_argument("--owner", type=int, required=True, help="its pool owner tag")
+    worker.add_argument("--index", type=int, default=0, help="its number, for the logs")
+
     models = commands.add_parser("models", help="build or inspect model families")
     models_cmd = models.add_subparsers(dest="models_command", required=True)
     build = models_cmd.add_parser("build", help="build a family's models locally")
@@ -46,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # The settings `omnivox serve` takes as flags (--max-calls for max_calls); every setting, these
 # included, is also read from its environment variable (OMNIVOX_MAX_CALLS).
 SERVE_FLAGS = ("host", "port", "profile", "models_dir", "model_version", "model_path",
-               "data_dir", "max_calls", "log_level", "log_format")
+               "data_dir", "max_calls", "call_workers", "log_level", "log_format")
 # Flags of any command that are settings, whose value (when given) is handed to Settings.
 SETTING_FLAGS = (*SERVE_FLAGS,)
 
@@ -141,6 +149,20 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     # SIGTERM drains (new calls refused, live ones go on up to drain_timeout_s), then stops
     # gracefully (calls closed, workers stopped) and exits 0.
     return run_server(app, settings)
+
+
+def call_worker(args: argparse.Namespace, _: Settings) -> int:
+    """Serve one call worker's app on its socket until the front stops it (SIGTERM)."""
+    import uvicorn
+
+    from agent.app import create_worker_app
+
+    settings = Settings.model_validate_json(args.settings_file.read_text())
+    logs.configure(settings.log_level, settings.log_format)
+    app = create_worker_app(settings, args.owner)
+    config = uvicorn.Config(app, uds=args.socket, log_level=settings.log_level, log_config=None)
+    uvicorn.Server(config).run()
+    return 0
 
 
 def check_served_version(family: str, root: Path) -> None:
@@ -256,6 +278,7 @@ def output_schema_of(path: Path | None) -> dict[str, Any] | None:
 
 COMMANDS = {
     ("serve", None): serve,
+    ("call-worker", None): call_worker,
     ("models", "build"): build_models,
     ("models", "rollout"): rollout_model,
     ("models", "retire"): retire_model,

@@ -4,6 +4,7 @@ and its `omnivox serve --flag` (pydantic-settings; the command line wins over th
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -38,6 +39,13 @@ class ConversationSettings(BaseModel):
                           "the caller's words end the turn (agent/realtime/semantic_turns.py); "
                           "None: server_vad, the silence alone")
     text_only: bool = Field(False, description="replies in text alone (output_modalities text)")
+
+
+def default_call_workers(cores: int | None = None) -> int:
+    """How many call-worker processes a server runs unless told: 1 below 8 cores (the front,
+    the engines and one worker already share them), else one per 4 cores, at most 8."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return 1 if cores < 8 else min(8, cores // 4)
 
 
 ENV_PREFIX = "OMNIVOX_"
@@ -96,6 +104,13 @@ class Settings(BaseSettings):
         default_factory=list, description="ICE server URLs (stun:/turn:), comma-separated"
     )
     max_calls: int = Field(16, ge=1, description="concurrent calls taken before 503")
+    # Call workers (agent/calls/workers.py): 1 serves every call in this process; N > 1 runs N
+    # processes that each hold their calls' media, all on the one pipeline.
+    call_workers: int = Field(
+        default_factory=default_call_workers, ge=1, le=64,
+        description="processes holding the calls' media (1 below 8 cores, else cores//4, "
+        "at most 8); each takes up to max_calls",
+    )
     max_sdp_bytes: int = Field(64 * 1024, ge=1024, description="largest SDP offer accepted")
     max_event_bytes: int = Field(64 * 1024, description="largest data-channel message accepted")
     # Per-call limits (agent/calls/call.py); a call that reaches one gets an `error` event naming it

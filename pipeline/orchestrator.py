@@ -4,6 +4,10 @@ It owns the shared block pool (created at start, unlinked at stop), the supervis
 stage workers, one `StageClient` per stage, and the registry of turns in flight:
 `respond(turn)` runs a turn and streams its events, `cancel(turn_id)` stops one, `health()`
 answers readiness checks and `on_stage_failed(listener)` hears of a stage given up for good.
+
+Another process (a call worker, agent/calls/workers.py) uses the same running pipeline through
+`Pipeline.attach(pipeline.address(), owner)`: its own clients on the same stage workers and the
+same pool under its own owner tag, no supervisor (the process that started it keeps that).
 """
 
 from __future__ import annotations
@@ -37,6 +41,16 @@ API_OWNER = 1  # the pool owner tag of the API process; workers get 2, 3, 4
 
 
 @dataclass(frozen=True)
+class PipelineAddress:
+    """What another process needs to use a running pipeline: its stage workers' sockets (in
+    `runtime_dir`), its pool's name and its settings (JSON)."""
+
+    runtime_dir: str
+    pool_name: str
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class PipelineHealth:
     """Readiness: every stage ready, and each stage's state with its reason."""
 
@@ -57,7 +71,29 @@ class Pipeline:
         self._clients: dict[str, StageClient] = {}
         self._runs: dict[str, TurnRun] = {}
         self._starting = False
+        self._attached = False  # a view of a pipeline another process runs (attach())
         self._failure_listeners: list[Callable[[str, str], None]] = []
+
+    def address(self) -> PipelineAddress | None:
+        """Where another process attaches to this pipeline while it runs; None before."""
+        if self._dir is None or self.pool is None or not self._clients:
+            return None
+        return PipelineAddress(self._dir, self.pool.name, self.settings.model_dump(mode="json"))
+
+    @classmethod
+    async def attach(cls, address: PipelineAddress, owner: int) -> Pipeline:
+        """A view of the pipeline at `address` that another process runs: turns, cancels and
+        text requests go to its stage workers; the pool blocks this one holds carry `owner`
+        (unique among the pool's users: the starting process reclaims them if this one dies).
+        It never starts, restarts or stops workers; a stage is ready while its connection is."""
+        view = cls(PipelineSettings.model_validate(address.settings))
+        view._attached, view._dir = True, address.runtime_dir
+        view.pool = await asyncio.to_thread(BlockPool.attach, address.pool_name, owner)
+        view._connect_clients([view._spec(stage, owner, address.pool_name)
+                               for stage in STAGE_ORDER])
+        async with asyncio.timeout(view.settings.connect_timeout_s):
+            await asyncio.gather(*(c.wait_connected() for c in view._clients.values()))
+        return view
 
     async def start(self) -> None:
         """Build missing models, create the pool, start the workers; wait until each stage is
@@ -83,14 +119,7 @@ class Pipeline:
                                                    s.pool.block_size, owner=API_OWNER)
         specs = [self._spec(stage, API_OWNER + 1 + i, pool.name)
                  for i, stage in enumerate(STAGE_ORDER)]
-        for spec in specs:
-            client = StageClient(spec.stage, spec.endpoint, self.pool, queue_size=s.request_queue,
-                                 abort_timeout_s=s.abort_timeout_s,
-                                 connect_timeout_s=s.connect_timeout_s,
-                                 stall_timeout_s=s.stall_timeout_s,
-                                 on_stuck=self._on_stage_stuck)
-            client.connect()
-            self._clients[spec.stage] = client
+        self._connect_clients(specs)
         self._supervisor = Supervisor(specs, s.restart, f"ipc://{self._dir}/control.sock",
                                       self.pool, on_lost=self._on_stage_lost,
                                       on_failed=self._on_stage_failed)
@@ -101,8 +130,21 @@ class Pipeline:
         if not health.ready:
             logger.error("pipeline started with stages not ready: %s", health.stages)
 
+    def _connect_clients(self, specs: list[WorkerSpec]) -> None:
+        s = self.settings
+        assert self.pool is not None
+        for spec in specs:
+            client = StageClient(spec.stage, spec.endpoint, self.pool, queue_size=s.request_queue,
+                                 abort_timeout_s=s.abort_timeout_s,
+                                 connect_timeout_s=s.connect_timeout_s,
+                                 stall_timeout_s=s.stall_timeout_s,
+                                 on_stuck=self._on_stage_stuck)
+            client.connect()
+            self._clients[spec.stage] = client
+
     async def stop(self) -> None:
-        """Cancel every turn, stop the workers, unlink the pool."""
+        """Cancel every turn, stop the workers, unlink the pool (an attached view only closes
+        its clients and its mapping of the pool)."""
         await asyncio.gather(*(run.cancel() for run in list(self._runs.values())))
         if self._supervisor is not None:
             await self._supervisor.stop()
@@ -111,9 +153,10 @@ class Pipeline:
         self._supervisor, self._clients = None, {}
         if self.pool is not None:
             self.pool.close()
-            self.pool.unlink()
+            if not self._attached:
+                self.pool.unlink()
             self.pool = None
-        if self._dir is not None:
+        if self._dir is not None and not self._attached:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
@@ -131,6 +174,8 @@ class Pipeline:
 
     def health(self) -> PipelineHealth:
         """Each stage's state (starting, ready, restarting, failed) and reason."""
+        if self._attached:  # what this process sees: the connection to each stage worker
+            return _connections(self._clients)
         if self._supervisor is None:  # not started, or still building models / the pool
             state = StageState.STARTING if self._starting else StageState.STOPPED
             return PipelineHealth(False, {st: StageStatus(st, state) for st in STAGE_ORDER})
@@ -161,9 +206,9 @@ class Pipeline:
     def generate_text(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         """A text-only Thinker request (text_generation.py) beside the calls' turns, in the
         same engine; raises StageFailedError at once while the Thinker is not ready."""
-        if self._supervisor is None or self.pool is None:
+        if not self._running() or self.pool is None:
             raise PipelineNotRunningError("the pipeline is not running (start() it first)")
-        status = self._supervisor.status()["thinker"]
+        status = self.health().stages["thinker"]
         if status.state != StageState.READY:
             reason = f"{status.state}: {status.reason}" if status.reason else status.state
             raise StageFailedError("thinker", reason)
@@ -187,11 +232,11 @@ class Pipeline:
 
     def _admit(self, turn: Turn, overlap: bool) -> TurnRun | TurnFailed:
         """Register and start the turn's run, or say why it cannot run."""
-        if self._supervisor is None or self.pool is None:
+        if not self._running() or self.pool is None:
             raise PipelineNotRunningError("the pipeline is not running (start() it first)")
         if turn.turn_id in self._runs:
             raise ValueError(f"turn {turn.turn_id} is already in flight")
-        for status in self._supervisor.status().values():
+        for status in self.health().stages.values():
             if status.state != StageState.READY:
                 reason = f"{status.state}: {status.reason}" if status.reason else status.state
                 return TurnFailed(turn.turn_id, StageFailedError(status.stage, reason))
@@ -202,6 +247,9 @@ class Pipeline:
         self._runs[turn.turn_id] = run
         run.start()
         return run
+
+    def _running(self) -> bool:
+        return self._supervisor is not None or (self._attached and bool(self._clients))
 
     def on_stage_failed(self, listener: Callable[[str, str], None]) -> None:
         """Call `listener(stage, reason)` (on the event loop) when a stage is marked failed:
@@ -233,3 +281,13 @@ class Pipeline:
             stop_timeout_s=s.restart.stop_timeout_s, log_level=s.log_level,
             nice=s.nice[stage], cuda_ipc=s.cuda_ipc and stage in TENSOR_CONSUMERS,
             runtime_dir=self._dir or "")
+
+
+def _connections(clients: dict[str, StageClient]) -> PipelineHealth:
+    """An attached view's health: a stage is ready while its worker is connected."""
+    stages = {st: StageStatus(st, StageState.READY if client.connected
+                              else StageState.RESTARTING, "" if client.connected
+                              else "not connected to its worker")
+              for st, client in clients.items()}
+    return PipelineHealth(bool(stages) and all(s.state == StageState.READY
+                                               for s in stages.values()), stages)

@@ -31,6 +31,8 @@ its time to first audio went.
 
 Levels of concurrency run one after the other on the same server; `--compare-sequential` also
 runs the first level on a server whose stages run one after the other (no overlap).
+`--call-workers 1,2` runs the levels against a server started with each number of call
+workers and reports the calls each carried on time, and the ratio (agent/bench/scaling.py).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from agent.bench.calls_report import TARGETS, report, summarise
 from agent.bench.capacity import best_calls_per_core
 from agent.bench.level import Plan
 from agent.bench.load import run_level
+from agent.bench.scaling import scaling, scaling_table
 from agent.bench.server import ServerProcess, ServerWatch, wait_calls_ended
 from agent.bench.speech import default_speech_dir, utterance_wavs
 from agent.bench.turn import QUESTIONS
@@ -75,6 +78,7 @@ class Options:
     json_path: Path | None = None
     plots_dir: Path | None = None
     progress: bool = True
+    call_workers: list[int] | None = None  # servers started with each count (scaling)
 
 
 def bench_calls(options: Options) -> dict[str, Any]:
@@ -109,7 +113,20 @@ def bench_calls(options: Options) -> dict[str, Any]:
                               "cascade_vs_sequential": None}
     result["calls_per_core"] = None
     top = max(options.concurrency)
-    if options.url is not None:
+    if options.call_workers:
+        if options.url is not None:
+            raise ValueError("--call-workers starts its servers: it takes no --url")
+        runs: dict[int, list[dict[str, Any]]] = {}
+        for count in options.call_workers:
+            with ServerProcess(options.profile, models_dir=options.models_dir, max_calls=top,
+                               extra_args=("--call-workers", str(count))) as server:
+                runs[count] = sweep(server.url, server.pid, options.concurrency)
+        result["server_label"] = (f"`omnivox serve --profile {options.profile} --call-workers "
+                                  f"{options.call_workers[0]}` (started here)")
+        result["levels"] = runs[options.call_workers[0]]
+        result["call_workers"] = {str(n): levels for n, levels in runs.items()}
+        result["scaling"] = scaling(runs)
+    elif options.url is not None:
         result["server_label"] = f"the server at {options.url}"
         result["levels"] = sweep(options.url, None, options.concurrency)
     else:
@@ -144,6 +161,8 @@ def run(options: Options) -> int:
 
         result["plots"] = [str(p) for p in plot_levels(result, options.plots_dir)]
     print(report(result))
+    if result.get("scaling"):
+        print(scaling_table(result))
     if options.json_path is not None:
         options.json_path.parent.mkdir(parents=True, exist_ok=True)
         options.json_path.write_text(json.dumps(result, indent=2) + "\n")

@@ -85,6 +85,10 @@ def add_calls_parser(bench_cmd: Any) -> None:
                        help="with --url: that server, started with --sequential-stages")
     calls.add_argument("--speech-dir", type=Path, default=None,
                        help="cache of the spoken utterances (default: ~/.cache/omnivox)")
+    calls.add_argument("--call-workers", type=concurrency_levels, default=None,
+                       dest="bench_call_workers", metavar="N,M",
+                       help="start a server with each number of call workers, run the levels "
+                       "on each, report the calls carried on time and the ratio")
     calls.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
     calls.add_argument("--plots", dest="plots_dir", type=Path, help="write PNG plots here")
     calls.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -145,6 +149,8 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         raise BenchUsageError("bench calls: --barge-in-every must be 0 or at least 2")
     if args.sequential_url and not args.url:
         raise BenchUsageError("bench calls: --sequential-url goes with --url")
+    if args.bench_call_workers and args.url:
+        raise BenchUsageError("bench calls: --call-workers starts its own servers, no --url")
     if args.eagerness and args.turn_detection != "semantic_vad":
         raise BenchUsageError("bench calls: --eagerness goes with --turn-detection semantic_vad")
     if args.url and args.compare_sequential and not args.sequential_url:
@@ -159,7 +165,7 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         compare_sequential=args.compare_sequential,
         sequential_url=args.sequential_url,
         speech_dir=args.speech_dir, json_path=args.json_path, plots_dir=args.plots_dir,
-        progress=not args.no_progress))
+        progress=not args.no_progress, call_workers=args.bench_call_workers))
 
 
 BENCHES = {"pipeline": bench_pipeline, "turn": bench_turn, "calls": bench_calls}

@@ -149,6 +149,7 @@ def wait_calls_ended(url: str, timeout_s: float = 60.0, headers: dict[str, str] 
 
 # -- Prometheus text -------------------------------------------------------------------------
 
+CALL_WORKER = "call-worker"  # the command of a call-worker process (agent/calls/workers.py)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -257,19 +258,23 @@ class ServerWatch:
             return scrape(http)
 
     def cpu(self) -> tuple[float, float, float] | None:
-        """(when, CPU seconds of the API process, of its children: the stage workers and
-        their engines) so far; None when the server's pid is not known."""
+        """(when, CPU seconds of the call plane: the API process and its call workers, of its
+        other children: the stage workers and their engines) so far; None when the server's
+        pid is not known."""
         if self.pid is None:
             return None
         with contextlib.suppress(psutil.Error):
             api = psutil.Process(self.pid)
-            stages = 0.0
+            calls = stages = 0.0
             for child in api.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     times = child.cpu_times()
-                    stages += times.user + times.system
+                    if CALL_WORKER in child.cmdline():
+                        calls += times.user + times.system
+                    else:
+                        stages += times.user + times.system
             times = api.cpu_times()
-            return time.monotonic(), times.user + times.system, stages
+            return time.monotonic(), times.user + times.system + calls, stages
         return None
 
     def between(self, t0: float, t1: float) -> list[WatchSample]:

@@ -83,8 +83,10 @@ def announce_stage_failures(pipeline: FailureSource, calls: CallRegistry) -> Non
     """Tell every live call, with an `error` event, when a stage is marked failed: its caller
     learns at once, not only when its next reply fails."""
 
-    def announce(stage: str, reason: str) -> None:
-        for call in calls:
-            call.send_event(stage_failed_event(stage, reason))
+    pipeline.on_stage_failed(lambda stage, reason: tell_stage_failed(calls, stage, reason))
 
-    pipeline.on_stage_failed(announce)
+
+def tell_stage_failed(calls: CallRegistry, stage: str, reason: str) -> None:
+    """Every live call gets an `error` event: `stage` was given up for good, for `reason`."""
+    for call in calls:
+        call.send_event(stage_failed_event(stage, reason))

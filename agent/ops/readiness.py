@@ -39,6 +39,8 @@ class Readiness:
         self.pipeline = pipeline
         self.admission = admission
         self.draining = False
+        # Why the call plane (the call workers) takes no call now, or None: set by the app.
+        self.call_plane: Callable[[], str | None] | None = None
         self.failed_start: str | None = None  # why the start gave up, as heard
         self._failure_applies: Callable[[], bool] = lambda: True
 
@@ -75,7 +77,11 @@ class Readiness:
         return all(s["state"] == "ready" for s in self.stages().values())
 
     def full(self) -> str | None:
-        """Why the call plane takes no more calls now (admission control), or None."""
+        """Why the call plane takes no more calls now (no call worker up, admission control),
+        or None."""
+        down = self.call_plane() if self.call_plane is not None else None
+        if down is not None:
+            return down
         return self.admission.busy() if self.admission is not None else None
 
     def ready(self) -> bool:
