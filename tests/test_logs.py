@@ -158,7 +158,8 @@ async def test_a_calls_records_carry_its_call_and_turn(tiny_server: Served) -> N
     assert any("started" in m for m in messages) and any("ended" in m for m in messages), messages
     assert all(r["call_id"] == call_id for r in about_call), about_call
     # The call's own objects log only inside it (media's records name no call themselves).
-    own = ("agent.calls.call", "agent.realtime.session", "media.")
+    own = ("agent.calls.call", "agent.realtime.session", "agent.realtime.reply_events",
+           "agent.realtime.pauses", "agent.realtime.barge_in", "media.")
     assert all(r["call_id"] == call_id for r in records if r["logger"].startswith(own)), records
     turn_id = f"{call_id}-turn1"
     first_audio = [r for r in about_call if "first audio" in r["message"]]

@@ -14,35 +14,31 @@ import numpy as np
 
 from agent.config import ConversationSettings
 from agent.ops.logs import context as log_context
+from agent.realtime.barge_in import BargeIn
 from agent.realtime.client_events import ClientEvents
 from agent.realtime.function_calls import SessionTools
 from agent.realtime.history import Conversation
+from agent.realtime.pauses import Pauses
 from agent.realtime.playback import Playback
 from agent.realtime.preemptive import PreemptiveReply
 from agent.realtime.reply import Reply, State, done_events
-from agent.realtime.semantic_turns import ends_turn
+from agent.realtime.reply_events import on_pipeline_event
 from agent.realtime.server_events import (
     assistant_item,
     conversation_item_created,
     input_audio_buffer_committed,
-    input_audio_transcription_completed,
     new_id,
-    output_audio_transcript_delta,
     output_item_added,
-    output_text_delta,
     response_created,
     session_object,
-    usage_object,
     user_audio_item,
 )
 from agent.realtime.session_config import SavedConversation, SessionConfig
-from agent.realtime.tool_answers import answered, merged_usage
 from agent.realtime.transport import AudioOutEnded, CallTransport
 from media.vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
-from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
+from pipeline.events import Turn
 
 log = logging.getLogger(__name__)
-BARGE_IN_POLL_S = 0.02  # one VAD frame
 UNANSWERED_MAX = 4  # committed utterances kept for the next reply (create_response=false)
 TRACK_END_GRACE_S = 2.0  # for the peer connection's own close to end the call first
 
@@ -59,13 +55,13 @@ class Session:
         self.state = State.LISTENING
         self.reply: Reply | None = None
         self._last_reply: Reply | None = None
-        self._barge_in_watch: asyncio.Task[None] | None = None
-        self._preemptive: PreemptiveReply | None = None  # started at the caller's pause
         self._turns = 0
         # The caller's committed utterances that no reply has heard yet (audio, not history).
         self._unanswered: deque[tuple[str, np.ndarray]] = deque(maxlen=UNANSWERED_MAX)
         self.client_events = ClientEvents(self)
         self.playback = Playback(self)
+        self.pauses = Pauses(self)  # the reply started at the caller's pause, if any
+        self.barge_in = BargeIn(self)
 
     def session_object(self) -> dict[str, Any]:
         return session_object(
@@ -135,26 +131,11 @@ class Session:
         return None
 
     def on_speech_started(self, event: SpeechStarted, item_id: str) -> None:
-        self._discard_preemptive()  # a new utterance: what began at a pause is not its reply
-        reply = self.audible_reply()
-        if reply is None or not self.settings.barge_in:
-            return
-        if self._in_echo_guard(reply):
-            log.debug("call %s: onset ignored by echo guard", self.call.id)
-            return
-        if self._barge_in_watch is None or self._barge_in_watch.done():
-            with log_context(turn_id=reply.turn_id):
-                self._barge_in_watch = asyncio.ensure_future(self._watch_barge_in(reply))
+        self.pauses.discard()  # a new utterance: what began at a pause is not its reply
+        self.barge_in.onset()
 
     def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None:
-        watch = self._barge_in_watch
-        if (watch is not None and not watch.done() and self.audible_reply() is not None
-                and event.audio_end_ms - event.audio_start_ms >= self.settings.barge_in_min_ms):
-            # Over before the watch saw it last long enough (audio sent faster than real time,
-            # as a WebSocket client may): it barges in all the same.
-            watch.cancel()
-            self.call.metrics.barge_ins.inc()
-            self.interrupt("turn_detected")
+        self.barge_in.speech_ended(event)
         if self.audible_reply() is not None:
             # Too short to barge in (or barge-in is off): not a turn of its own.
             log.info(
@@ -164,46 +145,20 @@ class Session:
             )
             return
         self.commit(item_id, event.pcm)
-        self._discard_preemptive()  # not taken by the reply the commit started (if any)
+        self.pauses.discard()  # not taken by the reply the commit started (if any)
 
     def on_speech_paused(self, event: SpeechPaused) -> None:
-        """The caller paused: when a reply would start on this utterance if the pause turned
-        out to end it, start its turn now and hold what it makes until the turn is confirmed."""
-        if (self._preemptive is not None or self.audible_reply() is not None
-                or self._unanswered or not (self.settings.create_response
-                                            and self.settings.server_vad)):
-            return
-        self._turns += 1
-        turn_id = f"{self.call.id}-turn{self._turns}"
-        turn = self._turn(turn_id, event.pcm, self.settings.text_only, self.tools)
-        with log_context(turn_id=turn_id):
-            self._preemptive = PreemptiveReply(self.pipeline, turn, self._judge_pause)
-        self.call.metrics.preemptive_replies.labels("started").inc()
-        log.debug("call %s: preemptive turn %s at a %d ms pause", self.call.id, turn_id,
-                  self.call.vad.config.pause_ms)
-
-    def _judge_pause(self, preemptive: PreemptiveReply, heard: Transcript) -> None:
-        """semantic_vad: end the turn at this pause when the Thinker scored the caller's words
-        as a whole turn (its reply is then the one under way), else let the silence decide."""
-        eagerness = self.settings.eagerness
-        if eagerness is None or preemptive is not self._preemptive:
-            return
-        ended = ends_turn(eagerness, heard.end_of_turn) and self.call.end_utterance()
-        self.call.metrics.semantic_turn_ends.labels("ended" if ended else "waited").inc()
-        log.info("call %s: %r scored %s as a whole turn: %s", self.call.id, heard.text,
-                 "unscored" if heard.end_of_turn is None else f"{heard.end_of_turn:.2f}",
-                 "turn ended at the pause" if ended else "waiting")
+        self.pauses.paused(event)
 
     def on_speech_resumed(self, event: SpeechResumed) -> None:
         """The caller went on after a pause: the turn started there is not wanted."""
-        self._discard_preemptive()
+        self.pauses.discard()
 
-    def _discard_preemptive(self) -> None:
-        preemptive, self._preemptive = self._preemptive, None
-        if preemptive is not None:
-            self.call.metrics.preemptive_replies.labels("discarded").inc()
-            with log_context(turn_id=preemptive.turn.turn_id):
-                self.call.spawn(preemptive.discard())
+    def answers_at_end_of_turn(self) -> bool:
+        """Whether the caller's utterance under way gets a reply of its own when the VAD ends
+        it: no reply is audible, none waits for an answer, the session creates responses."""
+        return (self.audible_reply() is None and not self._unanswered
+                and self.settings.create_response and self.settings.server_vad)
 
     def commit(self, item_id: str, pcm: np.ndarray) -> None:
         """The caller's utterance `pcm` (16 kHz) becomes a conversation item, answered now
@@ -214,23 +169,6 @@ class Session:
         self._unanswered.append((item_id, pcm))
         if self.settings.create_response and self.settings.server_vad:  # else: response.create
             self.start_reply()
-
-    def _in_echo_guard(self, reply: Reply) -> bool:
-        guard = self.settings.echo_guard_ms
-        if not guard or reply.first_audio_at is None:
-            return False
-        return (asyncio.get_running_loop().time() - reply.first_audio_at) * 1000 < guard
-
-    async def _watch_barge_in(self, reply: Reply) -> None:
-        """Interrupt `reply` once the caller's speech has lasted barge_in_min_ms."""
-        vad = self.call.vad
-        while vad.in_speech and self.audible_reply() is reply:
-            if vad.voiced_ms >= self.settings.barge_in_min_ms:
-                log.info("call %s: barge-in after %d ms of speech", self.call.id, vad.voiced_ms)
-                self.call.metrics.barge_ins.inc()
-                self.interrupt("turn_detected")
-                return
-            await asyncio.sleep(BARGE_IN_POLL_S)
 
     def interrupt(self, reason: str, audio_end_ms: int | None = None) -> bool:
         """Silence whatever the caller hears now: cancel a reply still generating, or cut the
@@ -263,16 +201,10 @@ class Session:
         audio, user_item_id = self._take_unanswered()
         text_only = self.settings.text_only if text_only is None else text_only
         tools = self.tools if tools is None else tools
-        self._turns += 1
-        turn = self._turn(f"{self.call.id}-turn{self._turns}", audio, text_only, tools)
-        preemptive, self._preemptive = self._preemptive, None
-        if preemptive is not None and preemptive.serves(turn):
+        turn = self.next_turn(audio, text_only, tools)
+        preemptive = self.pauses.take(turn)
+        if preemptive is not None:
             turn = preemptive.turn  # already under way since the caller's pause
-            self.call.metrics.preemptive_replies.labels("used").inc()
-        elif preemptive is not None:
-            self._preemptive = preemptive  # the caller's next words or the close discard it
-            self._discard_preemptive()
-            preemptive = None
         reply = Reply(
             response_id=new_id("resp"),
             item_id=new_id("item"),
@@ -291,9 +223,11 @@ class Session:
             reply.task = asyncio.ensure_future(self._run(reply, turn, preemptive))
         return reply
 
-    def _turn(self, turn_id: str, audio: np.ndarray | None, text_only: bool,
-              tools: SessionTools) -> Turn:
-        """The pipeline turn that answers the conversation so far (and `audio`) now."""
+    def next_turn(self, audio: np.ndarray | None, text_only: bool, tools: SessionTools) -> Turn:
+        """The pipeline turn that answers the conversation so far (and `audio`) now, under the
+        call's next turn id."""
+        self._turns += 1
+        turn_id = f"{self.call.id}-turn{self._turns}"
         answer_format = tools.answer_format()
         messages = self.conversation.messages()
         in_json = answer_format is not None
@@ -341,7 +275,7 @@ class Session:
                 async for event in events:
                     if self.reply is not reply:
                         return
-                    await self._on_pipeline_event(reply, event)
+                    await on_pipeline_event(self, reply, event)
                 next_turn, reply.follow_up = reply.follow_up, None
         except asyncio.CancelledError:
             raise
@@ -362,50 +296,6 @@ class Session:
         reason leaves a call that can no longer speak. (Closing cancels this task.)"""
         await asyncio.sleep(TRACK_END_GRACE_S)
         await self.call.end("media_failed", "the call's outgoing audio ended")
-
-    async def _on_pipeline_event(self, reply: Reply, event: Any) -> None:
-        if isinstance(event, TextDelta):
-            reply.text += event.text
-            if reply.answers_in_json:
-                return  # read whole at the end (tool_answers.py)
-            delta = output_text_delta if reply.text_only else output_audio_transcript_delta
-            self.call.send_event(delta(reply.response_id, reply.item_id, event.text))
-        elif isinstance(event, AudioChunk) and not reply.text_only:
-            await self._play(reply, event)
-        elif isinstance(event, Transcript):
-            self._user_transcript(reply, event.text)
-        elif isinstance(event, TurnDone) and reply.answers_in_json:
-            answered(self, reply, event)
-        elif isinstance(event, TurnDone):
-            reply.text = event.text
-            reply.usage = merged_usage(reply.usage, event.usage)
-            self.finish(reply, "completed", usage=usage_object(reply.usage))
-        elif isinstance(event, TurnFailed):
-            self.finish(reply, "failed", error=str(event.error))
-
-    async def _play(self, reply: Reply, chunk: AudioChunk) -> None:
-        outbound = self.call.outbound
-        if reply.audio_base_ms is None:
-            reply.audio_base_ms = outbound.played_ms + outbound.queued_ms
-            reply.first_audio_at = asyncio.get_running_loop().time()
-            self.state = State.SPEAKING
-            self.call.metrics.first_audio(reply.first_audio_at - reply.started_at)
-            log.info(
-                "call %s: first audio %.0f ms after the turn began",
-                self.call.id,
-                (reply.first_audio_at - reply.started_at) * 1000,
-            )
-        duration_ms = len(chunk.pcm) * 1000 // chunk.sample_rate
-        reply.spoken.add_chunk(duration_ms, chunk.text_start, chunk.text_end)
-        await self.call.play(reply.response_id, reply.item_id, chunk.pcm, chunk.sample_rate)
-
-    def _user_transcript(self, reply: Reply, text: str) -> None:
-        if reply.user_item_id is None:
-            return
-        item = self.conversation.get(reply.user_item_id)
-        if item is not None:
-            item.text = text
-        self.call.send_event(input_audio_transcription_completed(reply.user_item_id, text))
 
     def finish(
         self,
@@ -468,11 +358,8 @@ class Session:
         self.finish(reply, "cancelled", reason=reason, text=self.heard(reply))
 
     async def aclose(self) -> None:
-        if self._barge_in_watch is not None:
-            self._barge_in_watch.cancel()
-        if self._preemptive is not None:
-            preemptive, self._preemptive = self._preemptive, None
-            await preemptive.discard()
+        self.barge_in.close()
+        await self.pauses.aclose()
         if self.reply is not None:
             reply, self.reply = self.reply, None
             self.call.metrics.turn_ended("cancelled", None)  # the call hung up mid-reply
