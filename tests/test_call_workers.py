@@ -11,6 +11,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -22,9 +23,11 @@ from agent.api.signalling import RESUME_HEADER
 from agent.app import create_app
 from agent.bench.scaling import scaling, scaling_table
 from agent.bench.server import histogram_quantile, parse_samples
-from agent.calls.workers import DIED, CallWorkers
+from agent.calls.workers import DIED, CallWorkers, shifted_percent
 from agent.config import ConversationSettings, Settings, default_call_workers
 from agent.ops.metrics_merge import merged
+from agent.serving.attached import follow_splits
+from agent.serving.registry import ModelRegistry, Split
 from tests.product_calls import LOUD, connect, say, wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served, serve
@@ -35,6 +38,24 @@ def test_default_call_workers_follows_the_cores() -> None:
         1, 1, 1, 1, 2, 3, 4, 8, 8]
     with pytest.raises(ValueError, match="call_workers"):
         Settings(call_workers=0)
+
+
+def test_a_red_black_shift_splits_the_workers_calls_as_the_fronts() -> None:
+    """The front sends each worker the share a shift gives each version; the worker's registry
+    then splits its new callers the same way, and stops when the shift ends."""
+    front, worker = ModelRegistry("tiny"), ModelRegistry("tiny")
+    versions = [SimpleNamespace(name="tiny", version=v) for v in ("1", "2")]
+
+    def sent() -> list[dict[str, Any]]:
+        return [{"name": v.name, "version": v.version,
+                 "shifted_percent": shifted_percent(front, v)} for v in versions]
+
+    front.split("tiny", "2", 30)
+    follow_splits(worker, sent())
+    assert worker.shifted("tiny") == Split("2", 30)
+    front.split("tiny", None)
+    follow_splits(worker, sent())
+    assert worker.shifted("tiny") is None
 
 
 def test_metrics_of_the_workers_add_up_under_their_label() -> None:

@@ -80,8 +80,16 @@ def versions_of(models: ModelRegistry) -> list[dict[str, Any]]:
         served.append({"name": version.name, "version": version.version,
                        "family": version.family, "root": str(version.root),
                        "default": models.is_default(version),
+                       "shifted_percent": shifted_percent(models, version),
                        "address": dataclasses.asdict(address)})
     return served
+
+
+def shifted_percent(models: ModelRegistry, version: Any) -> int:
+    """The share of its name's unpinned new callers a red-black shift sends to `version` (0:
+    none), so that the workers' calls are split as the front's would be."""
+    split = models.shifted(version.name)
+    return split.percent if split is not None and split.version == version.version else 0
 
 
 class CallWorkers:

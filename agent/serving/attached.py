@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 async def follow(models: ModelRegistry, served: list[dict[str, Any]], owner: int) -> None:
     """Make `models` serve what the front's list `served` says (each entry: name, version,
-    family, root, default, address); pool blocks held here carry `owner`."""
+    family, root, default, the share of new callers a red-black shift sends it, address);
+    pool blocks held here carry `owner`."""
     wanted = {f"{entry['name']}@{entry['version']}": entry for entry in served}
     for model_id in [v.id for v in models.versions() if v.id not in wanted]:
         models.remove(model_id)
@@ -33,6 +34,15 @@ async def follow(models: ModelRegistry, served: list[dict[str, Any]], owner: int
             models.add(current)
         if entry["default"]:
             models.set_default(current)
+    follow_splits(models, served)
+
+
+def follow_splits(models: ModelRegistry, served: list[dict[str, Any]]) -> None:
+    """The front's red-black shifts: each name's new callers split here as there."""
+    for name in {entry["name"] for entry in served}:
+        shifted = [e for e in served if e["name"] == name and e.get("shifted_percent", 0) > 0]
+        models.split(name, shifted[0]["version"] if shifted else None,
+                     shifted[0]["shifted_percent"] if shifted else 0)
 
 
 async def detach_all(models: ModelRegistry) -> None:
