@@ -52,10 +52,10 @@ class VadConfig:
     silence_ms: int = Field(
         500, ge=0, le=10_000,
         description="silence that ends an utterance (0: the first unvoiced frame)")
-    # On by default: the reply starts at a 200 ms pause, 300 ms before the end-of-turn silence
-    # confirms it (README, "Preemptive replies").
+    # Off by default until the Chromium barge-in test passes with it on (README, "Preemptive
+    # replies").
     pause_ms: int = Field(
-        200, ge=0, le=10_000,
+        0, ge=0, le=10_000,
         description="silence that marks a pause inside an utterance, where a reply may start "
                     "before the turn ends (0, or not shorter than silence_ms: none)")
     preroll_ms: int = Field(
