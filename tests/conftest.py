@@ -13,6 +13,7 @@ from agent.app import create_app
 from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline
 from pipeline.families.local.build import build_local
+from tests.keyed_server import keyed_tone_server
 from tests.product_calls import connect
 from tests.responder import ToneResponder
 from tests.rtc_client import RtcCaller
@@ -149,3 +150,10 @@ async def wait_ready(served: Served, timeout_s: float = 300.0) -> None:
                 raise RuntimeError(f"pipeline failed to start: {body}")
             await asyncio.sleep(0.5)
     raise TimeoutError(f"server not ready after {timeout_s} s: {reply.json()}")
+
+
+@pytest.fixture(scope="module")
+async def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    """A media-only server that requires API keys (tests/keyed_server.py), one per module."""
+    async with keyed_tone_server(tmp_path_factory.mktemp("auth-data")) as served:
+        yield served

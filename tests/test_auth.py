@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from tests.keyed_server import (
     OTHER_KEY,
     assert_refused,
     bearer,
-    keyed_tone_server,
     mint,
     offer_call,
     request,
@@ -31,12 +29,6 @@ from tests.keyed_server import (
 from tests.product_calls import spoken
 from tests.served import Served
 from tests.test_signalling import make_offer
-
-
-@pytest.fixture(scope="module")
-async def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
-    async with keyed_tone_server(tmp_path_factory.mktemp("auth-data")) as served:
-        yield served
 
 # Every /v1 route, plus a path under /v1 that no route of this module serves: the check is on the
 # prefix, so routes other modules add (GET /v1/calls/{id}) are covered without opting in.

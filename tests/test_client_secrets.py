@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -21,19 +20,12 @@ from tests.keyed_server import (
     KEY,
     assert_refused,
     bearer,
-    keyed_tone_server,
     mint,
     offer_call,
     request,
 )
 from tests.product_calls import LOUD, spoken, wait_until
 from tests.served import Served, serve
-
-
-@pytest.fixture(scope="module")
-async def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
-    async with keyed_tone_server(tmp_path_factory.mktemp("auth-data")) as served:
-        yield served
 
 
 async def test_client_secret_places_one_call_and_hangs_up_only_that_call(
