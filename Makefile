@@ -59,11 +59,11 @@ models: setup
 	$(BIN)/omnivox models build $(PROFILE)
 
 # Style, then the architecture: the import contracts in pyproject.toml ([tool.importlinter]),
-# then the types of media and pipeline ([tool.mypy]).
+# then the types of media, pipeline and agent ([tool.mypy]).
 lint: setup
 	$(BIN)/ruff check agent media pipeline tests
 	$(BIN)/lint-imports
-	$(BIN)/mypy media pipeline
+	$(BIN)/mypy media pipeline agent
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -43,25 +43,27 @@ class VadConfig:
     call's buffers bounded (pre-roll ring, utterance) and refuse values no caller means.
     """
 
+    # Defaults by keyword: type checkers read a pydantic dataclass field's default only from
+    # Field(default=...), and a positional one makes every field required to them.
     aggressiveness: int = Field(
-        2, ge=0, le=3,
+        default=2, ge=0, le=3,
         description="webrtcvad mode: 0 counts the most frames as speech, 3 the fewest")
     onset_ms: int = Field(
-        60, ge=0, le=2_000,
+        default=60, ge=0, le=2_000,
         description="speech must persist this long to start an utterance (0: one frame)")
     silence_ms: int = Field(
-        500, ge=0, le=10_000,
+        default=500, ge=0, le=10_000,
         description="silence that ends an utterance (0: the first unvoiced frame)")
     # Off by default until the Chromium barge-in test passes with it on (README, "Preemptive
     # replies").
     pause_ms: int = Field(
-        0, ge=0, le=10_000,
+        default=0, ge=0, le=10_000,
         description="silence that marks a pause inside an utterance, where a reply may start "
                     "before the turn ends (0, or not shorter than silence_ms: none)")
     preroll_ms: int = Field(
-        300, ge=0, le=5_000, description="audio kept from before the onset")
+        default=300, ge=0, le=5_000, description="audio kept from before the onset")
     max_utterance_ms: int = Field(
-        30_000, ge=FRAME_MS, le=120_000,
+        default=30_000, ge=FRAME_MS, le=120_000,
         description="an utterance is cut here; the caller's speech goes on as the next one")
 
 

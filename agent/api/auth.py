@@ -149,7 +149,8 @@ class ClientSecrets:
 
 def bearer_token(scope: Scope) -> str | None:
     """The token of an `Authorization: Bearer <token>` header, None when there is none."""
-    for name, value in scope.get("headers", []):
+    headers: list[tuple[bytes, bytes]] = scope.get("headers", [])  # ASGI: (name, value) bytes
+    for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").strip().partition(" ")
             token = token.strip()

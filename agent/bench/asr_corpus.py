@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -157,7 +158,7 @@ def add_noise(clean: np.ndarray, snr_db: float, noise_seed: int) -> np.ndarray:
     noise = pink_noise(len(clean), np.random.default_rng(noise_seed))
     speech_power = float(np.mean(_speech(clean).astype(np.float64) ** 2))
     noise *= np.sqrt(speech_power / 10 ** (snr_db / 10) / float(np.mean(noise ** 2)))
-    mixed = np.round(clean.astype(np.float64) + noise)
+    mixed: np.ndarray = np.round(clean.astype(np.float64) + noise)
     return np.clip(mixed, -32768, 32767).astype(np.int16)
 
 
@@ -182,6 +183,6 @@ def _speech(pcm: np.ndarray) -> np.ndarray:
     return pcm[PREROLL_MS * MIC_RATE // 1000:]
 
 
-def _utterance(item: dict[str, object]) -> Utterance:
+def _utterance(item: dict[str, Any]) -> Utterance:
     pause = item.get("pause_ms")
     return Utterance(**{**item, "pause_ms": tuple(pause) if isinstance(pause, list) else None})

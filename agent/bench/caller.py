@@ -350,11 +350,12 @@ class BenchCaller:
 
     def _arrival(self, frame: av.AudioFrame) -> float:
         """When the packet of this decoded frame arrived (its decoding, if it is unknown)."""
-        arrived = self._rtp_arrivals.pop(frame.pts, None) if frame.pts is not None else None
-        if arrived is None:
+        pts = frame.pts
+        arrived = self._rtp_arrivals.pop(pts, None) if pts is not None else None
+        if pts is None or arrived is None:
             self.rtp_misses += 1
             return time.monotonic()
-        while self._rtp_arrivals and next(iter(self._rtp_arrivals)) < frame.pts:
+        while self._rtp_arrivals and next(iter(self._rtp_arrivals)) < pts:
             self._rtp_arrivals.popitem(last=False)  # packets whose frames will never come
         return arrived
 
@@ -364,6 +365,9 @@ class BenchCaller:
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
+                if not isinstance(frame, av.AudioFrame):
+                    raise TypeError(f"the agent's audio track gave a {type(frame).__name__}, "
+                                    "not an audio frame")
                 self._heard(frame)
 
     def _heard(self, frame: av.AudioFrame) -> None:

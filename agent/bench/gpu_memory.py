@@ -97,7 +97,8 @@ class MemoryWatch:
         replies = await self.pipe.active_requests()
         self.torch = _peak(self.torch, {stage: reply.cuda_allocated_bytes // 2**20
                                         for stage, reply in replies.items()})
-        self.device = max(self.device, await asyncio.to_thread(device_used_mib) or 0)
+        used = await asyncio.to_thread(device_used_mib)
+        self.device = max(self.device, used or 0)
 
     async def _run(self) -> None:
         while True:

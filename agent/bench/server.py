@@ -36,7 +36,8 @@ PREEMPTIVE_METRIC = "omnivox_preemptive_replies_total"  # counter, by outcome
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # an AF_INET socket's name is (host, port)
+        return port
 
 
 class ServerProcess:

@@ -162,7 +162,7 @@ def summary(turns: list[TurnFigures]) -> dict[str, dict[str, Any]]:
     """p50, p95 and max of each figure over the turns, and whether its target is met."""
     out = {}
     for key, label, target in FIGURES:
-        values = [t.figures[key] for t in turns if t.figures[key] is not None]
+        values = [value for t in turns if (value := t.figures[key]) is not None]
         stats: dict[str, Any] = {"label": label, "n": len(values), "p50": None, "p95": None,
                                  "max": None, "target": target, "met": None}
         if values:
@@ -197,7 +197,9 @@ async def bench_turns(settings: Settings, url: str | None, turns: int) -> dict[s
     async with contextlib.AsyncExitStack() as stack:
         app = None
         if url is None:
-            url, app = await stack.enter_async_context(served(settings))
+            # Unpacked apart: mypy keeps `url` optional through a tuple assignment.
+            served_url, app = await stack.enter_async_context(served(settings))
+            url = served_url
         else:
             await wait_ready(url)
         directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))

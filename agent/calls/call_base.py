@@ -195,7 +195,7 @@ class CallBase:
         """The caller's audio since the last commit or clear (server VAD off), then none."""
         if not self._input:
             return None
-        pcm = np.concatenate(list(self._input))
+        pcm: np.ndarray = np.concatenate(list(self._input))
         self._input.clear()
         self._last_activity = time.monotonic()
         return pcm

@@ -58,7 +58,7 @@ class WebSocketCall(CallBase):
     def __init__(self, settings: Settings, *args: Any, **kwargs: Any) -> None:
         super().__init__(settings, *args, **kwargs)
         self.max_message_bytes = settings.ws_max_message_bytes
-        self.outbound = PlayoutClock(audio_lead_ms(settings))
+        self.outbound: PlayoutClock = PlayoutClock(audio_lead_ms(settings))
         self._socket: WebSocket | None = None
         self._events: EventSocket | None = None
         self._ended = asyncio.Event()

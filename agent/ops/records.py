@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.realtime.history import Conversation
+    from agent.realtime.history import Conversation, Item
     from agent.realtime.reply import Reply
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def _user_part(conversation: Conversation, reply: Reply) -> tuple[str | None, st
     previous assistant item, and the id of the last one."""
     items = conversation.items
     end = next((i for i, item in enumerate(items) if item.item_id == reply.item_id), None)
-    users = []
+    users: list[Item] = []
     for item in reversed(items[:end] if end is not None else []):
         if item.role != "user":
             break
@@ -195,7 +195,7 @@ class CallRecords:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         opened: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(
-            target=self._serve, args=(opened,), name="omnivox-records", daemon=True
+            target=self._serve, args=(self.path, opened), name="omnivox-records", daemon=True
         )
         self._thread.start()
         try:
@@ -302,9 +302,9 @@ class CallRecords:
 
     # -- the writer thread --------------------------------------------------------------------
 
-    def _serve(self, opened: concurrent.futures.Future[None]) -> None:
+    def _serve(self, path: Path, opened: concurrent.futures.Future[None]) -> None:
         try:
-            db = connect(self.path)
+            db = connect(path)
         except BaseException as exc:
             opened.set_exception(exc)
             return

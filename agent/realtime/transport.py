@@ -52,9 +52,13 @@ class CallTransport(Protocol):
     tools: SessionTools
     vad: VadSegmenter
     server_vad: bool  # the VAD ends the caller's turns; off: the client commits them
-    outbound: AudioOut
     metrics: Metrics
     records: CallRecords
+
+    # Read-only to the session: a call's outbound is its own kind of AudioOut (an aiortc
+    # track, a WebSocket's playout clock), which a settable member would have to be exactly.
+    @property
+    def outbound(self) -> AudioOut: ...
 
     def send_event(self, event: dict[str, Any]) -> None: ...
 
