@@ -74,7 +74,7 @@ class Call(CallBase):
                 self.vad.reconfigure(resumed.config.vad)
             if session is not None:  # SessionConfigError: refused before any negotiation
                 start = configure(session, SessionConfig(self.conversation, self.vad.config,
-                                                         self.tools))
+                                                         self.tools), self.settings.vad)
                 self.conversation, self.tools = start.conversation, start.tools
                 self.server_vad = start.conversation.server_vad
                 self.vad.reconfigure(start.vad)

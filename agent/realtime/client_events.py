@@ -63,7 +63,7 @@ class ClientEvents:
         `error` and the session stays as is."""
         live = self.session
         try:
-            config = configure(event.session, live.config())
+            config = configure(event.session, live.config(), live.call.settings.vad)
             voice = config.conversation.voice
             refused = unknown_voice(voice, live.pipeline) if voice != live.settings.voice else None
             if refused is not None:

@@ -52,10 +52,11 @@ def semantic_vad(current: VadConfig, eagerness: str) -> VadConfig:
                                silence_ms=turn_ending(eagerness).silence_ms)
 
 
-def server_vad(current: VadConfig) -> VadConfig:
-    """Back to server_vad from semantic_vad: OpenAI's default silence, no judged pause."""
-    return dataclasses.replace(current, pause_ms=VadConfig().pause_ms,
-                               silence_ms=VadConfig().silence_ms)
+def server_vad(current: VadConfig, configured: VadConfig) -> VadConfig:
+    """Back to server_vad from semantic_vad: the pause and the silence the server is configured
+    with (`configured`, its settings' vad), not the eagerness's, and no pause is judged."""
+    return dataclasses.replace(current, pause_ms=configured.pause_ms,
+                               silence_ms=configured.silence_ms)
 
 
 def ends_turn(eagerness: str, end_of_turn: float | None) -> bool:

@@ -49,9 +49,10 @@ class SavedConversation:
     config: SessionConfig
 
 
-def configure(update: Any, current: SessionConfig) -> SessionConfig:
+def configure(update: Any, current: SessionConfig, configured_vad: VadConfig) -> SessionConfig:
     """`current` with the changes the session object `update` asks for (openai's
-    `RealtimeSessionCreateRequest` shape); SessionConfigError naming the first value refused."""
+    `RealtimeSessionCreateRequest` shape); SessionConfigError naming the first value refused.
+    `configured_vad` is the server's own VAD (settings.vad), what server_vad goes back to."""
     conversation = current.conversation.model_copy()
     audio = getattr(update, "audio", None)
     audio_in = getattr(audio, "input", None)
@@ -74,7 +75,7 @@ def configure(update: Any, current: SessionConfig) -> SessionConfig:
         conversation.server_vad = False  # `turn_detection: null`: the client commits turns
     if detection is not None:
         conversation.server_vad = True
-        vad = _vad(detection, vad, conversation)
+        vad = _vad(detection, vad, conversation, configured_vad)
         if detection.interrupt_response is not None:
             conversation.barge_in = detection.interrupt_response
         if detection.create_response is not None:
@@ -93,7 +94,8 @@ def text_only(output_modalities: list[str]) -> bool:
     return "audio" not in output_modalities
 
 
-def _vad(detection: Any, current: VadConfig, conversation: ConversationSettings) -> VadConfig:
+def _vad(detection: Any, current: VadConfig, conversation: ConversationSettings,
+         configured: VadConfig) -> VadConfig:
     """The VAD settings `detection` asks for (and the conversation's eagerness);
     SessionConfigError if they are not valid."""
     if detection.type == "semantic_vad":
@@ -104,7 +106,7 @@ def _vad(detection: Any, current: VadConfig, conversation: ConversationSettings)
                                  "(server_vad, semantic_vad)")
     if conversation.eagerness is not None:  # from semantic_vad: its pause and silence go
         conversation.eagerness = None
-        current = server_vad(current)
+        current = server_vad(current, configured)
     changes: dict[str, int] = {}
     if detection.silence_duration_ms is not None:
         changes["silence_ms"] = detection.silence_duration_ms
