@@ -14,11 +14,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from agent.bench.call_script import GAP_MS
+from agent.bench.call_script import GAP_MS, refusal_reason
 from agent.bench.calls_report import report, summarise
 from agent.bench.level import Plan
 from agent.bench.light_caller import SILENT_MAX_BYTES, PacketCache
@@ -162,6 +163,28 @@ def test_sequential_stages_keep_the_profiles_cascade() -> None:
     assert default.cascade.overlap and not settings.cascade.overlap
     assert settings.cascade.chunk_growth == default.cascade.chunk_growth == 1.5
     assert pipeline_overrides(parse_args(["serve", "--profile", "local"])) == {}
+
+
+def test_refusals_are_counted_by_the_check_that_refused() -> None:
+    """Two offers refused by the loop-lag check with different figures count as one reason,
+    apart from the pacing check's and from a bare status."""
+    def refused(status: int, body: object) -> Exception:
+        request = httpx.Request("POST", "http://127.0.0.1/v1/realtime/calls")
+        response = httpx.Response(status, json=body, request=request)
+        return httpx.HTTPStatusError("refused", request=request, response=response)
+
+    def busy(message: str) -> Exception:
+        return refused(503, {"error": {"code": "server_busy", "message": message}})
+
+    lag = [refusal_reason(busy(f"server busy: the event loop ran {ms} ms late in the last 5 s "
+                                   "(limit 100 ms)")) for ms in (143, 2410)]
+    pacing = refusal_reason(busy("server busy: the calls' audio frames left up to 61 ms late "
+                                 "(p99) in the last 5 s (limit 50 ms)"))
+    assert lag[0] == lag[1] == ("HTTP 503 server_busy: server busy: the event loop ran N ms "
+                                "late in the last N s (limit N ms)")
+    assert pacing != lag[0] and pacing.startswith("HTTP 503 server_busy: ")
+    assert refusal_reason(refused(502, ["not", "an", "error"])) == "HTTP 502"
+    assert refusal_reason(TimeoutError("no answer")) == "TimeoutError: no answer"
 
 
 def test_histogram_quantile_between_two_scrapes() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -261,9 +262,7 @@ async def connect_call(index: int, plan: Plan, gate: asyncio.Semaphore
     except Exception as exc:  # refused (503), timed out, failed ICE: the call did not happen
         with contextlib.suppress(Exception):
             await caller.hang_up()
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        reason = f"HTTP {status}" if status else f"{type(exc).__name__}: {exc}"[:200]
-        return None, {"call": index, "connected": False, "reason": reason}
+        return None, {"call": index, "connected": False, "reason": refusal_reason(exc)}
     session = caller.last("session.updated" if update else "session.created")[1]["session"]
     detection = session["audio"]["input"]["turn_detection"] or {}
     return caller, {"call": index, "connected": True,
@@ -272,3 +271,19 @@ async def connect_call(index: int, plan: Plan, gate: asyncio.Semaphore
                     "silence_ms": detection.get("silence_duration_ms"),
                     "turn_detection": detection.get("type"),
                     "eagerness": detection.get("eagerness")}
+
+
+def refusal_reason(exc: Exception) -> str:
+    """Why an offer did not become a call, grouped for counting: the HTTP status and the
+    server's error code and message, its figures left out (`HTTP 503 server_busy: server busy:
+    the event loop ran N ms late in the last N s (limit N ms)`), or the exception."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    if not status:
+        return f"{type(exc).__name__}: {exc}"[:200]
+    try:
+        error = response.json()["error"]  # type: ignore[union-attr]
+        said = f" {error['code']}: {re.sub(r'[0-9.]+', 'N', error['message'])}"
+    except Exception:  # not the OpenAI error shape: the status is all there is
+        said = ""
+    return f"HTTP {status}{said}"[:200]
