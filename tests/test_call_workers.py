@@ -2,10 +2,14 @@
 on different worker processes, both on the one shared tiny pipeline; each call's later requests
 (its sideband, its DELETE) reach its worker; a worker killed with SIGKILL ends only its own call
 (recorded `call_worker_died`) while the other goes on, and the worker is started again; a
-resumed call reaches the worker that held it."""
+resumed call reaches the worker that held it. Realtime calls over the WebSocket (the `openai`
+SDK's `realtime.connect`) land on the workers too, least loaded first, relayed by the front,
+and one whose worker dies is closed (1011) rather than left hanging."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,21 +20,26 @@ from typing import Any
 
 import httpx
 import numpy as np
+import openai
 import pytest
+import websockets
+from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from websockets.asyncio.client import connect as ws_connect
 
 from agent.api.signalling import RESUME_HEADER
 from agent.app import create_app
 from agent.bench.scaling import scaling, scaling_table
 from agent.bench.server import histogram_quantile, parse_samples
+from agent.bench.speech import resample
 from agent.calls.workers import DIED, CallWorkers, shifted_percent
 from agent.config import ConversationSettings, Settings, default_call_workers
 from agent.ops.metrics_merge import merged
 from agent.serving.attached import follow_splits
 from agent.serving.registry import ModelRegistry, Split
-from tests.product_calls import LOUD, connect, say, wait_until
+from tests.product_calls import LOUD, connect, say, spoken, wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served, serve
+from tests.test_openai_sdk_realtime import MANUAL, RATE, append, audio_of, until
 
 
 def test_default_call_workers_follows_the_cores() -> None:
@@ -193,6 +202,71 @@ async def test_calls_on_two_workers_and_a_worker_death(
     finally:
         await first.close()
         await second.close()
+
+
+async def asked(conn: AsyncRealtimeConnection, question: np.ndarray) -> list[Any]:
+    """One turn: the question's audio appended and committed, the reply's events (to done)."""
+    seen: list[Any] = []
+    await conn.session.update(session=MANUAL)
+    await until(conn, "session.updated", seen)
+    await append(conn, question)
+    await conn.input_audio_buffer.commit()
+    await conn.response.create()
+    done = await until(conn, "response.done", seen)
+    assert done.response.status == "completed", done
+    return seen
+
+
+async def refused_when_every_worker_is_full(front: Served) -> None:
+    """More WebSocket calls until every worker refuses (`max_calls` 4 each): the handshake is
+    refused 503 `server_busy` with Retry-After and OpenAI's error body, as an offer would be."""
+    url = front.url.replace("http", "ws") + "/v1/realtime?model=omnivox-tiny"
+    async with contextlib.AsyncExitStack() as more:
+        with pytest.raises(websockets.InvalidStatus) as denied:
+            for _ in range(2 * 4):
+                socket = await more.enter_async_context(ws_connect(url))
+                assert json.loads(await socket.recv())["type"] == "session.created"
+        assert workers(front).live() <= 2 * 4 and len(front.app.state.calls) == 0
+    refusal = denied.value.response
+    assert refusal.status_code == 503 and refusal.headers["retry-after"]
+    assert json.loads(refusal.body or b"")["error"]["code"] == "server_busy"
+
+
+@pytest.mark.engines
+async def test_realtime_websocket_calls_on_two_workers(front: Served, tmp_path: Path) -> None:
+    question = resample(spoken("What is the weather like?", tmp_path), 48_000, RATE)
+    client = openai.AsyncOpenAI(base_url=f"{front.url}/v1", api_key="local-mode")
+    async with (client.realtime.connect(model="omnivox-tiny") as first,
+                client.realtime.connect(model="omnivox-tiny") as second):
+        created: list[Any] = [await conn.recv() for conn in (first, second)]
+        ids = [event.session.id for event in created]
+        on = [workers(front).worker_of(i) for i in ids]
+        assert on[0] is not None and on[1] is not None
+        assert on[0] is not on[1]  # least loaded first: one call each
+        assert len(front.app.state.calls) == 0  # the front relays; it holds no call
+        async with httpx.AsyncClient(base_url=front.url) as http:
+            ready = (await http.get("/readyz")).json()
+        assert ready["calls"] == 2
+        assert sorted(w["calls"] for w in ready["call_workers"]) == [1, 1]
+
+        for seen in await asyncio.gather(asked(first, question), asked(second, question)):
+            audio = audio_of(seen, seen[-1].response.id)  # the reply's, to its response.done
+            assert len(audio) > RATE // 4 and np.abs(audio).max() > LOUD, len(audio)
+            assert any(e.type == "response.output_audio_transcript.delta" for e in seen)
+
+        await refused_when_every_worker_is_full(front)
+
+        # The second call's worker dies: its client sees the close, its record says why.
+        dying = on[1]
+        assert dying is not None and dying.process is not None
+        os.kill(dying.process.pid, signal.SIGKILL)
+        with pytest.raises(websockets.ConnectionClosedError) as closed:
+            await until(second, "never", [])
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+        await wait_until(lambda: dying.restarts == 1 and dying.up, 120, "the worker restarted")
+        assert (await record(front, ids[1]))["end_reason"] == DIED
+    await wait_until(lambda: workers(front).live() == 0, 30, "no call left")
+    assert (await record(front, ids[0]))["end_reason"] == "hangup"
 
 
 def test_scaling_counts_the_calls_carried_on_time() -> None:

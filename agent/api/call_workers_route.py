@@ -4,8 +4,9 @@ The front's (`front_router`, ahead of the plain routes): a WebRTC offer goes to 
 loaded worker that admits it (one answering 503 `server_busy` or `too_many_calls` passes it to
 the next; all of them: 503 `server_busy` with Retry-After; an offer resuming a dropped call
 goes on to the next while a worker does not know its token); the call's later requests (DELETE,
-`hangup`, its sideband WebSocket) go to the worker that holds it. A call's record is read here:
-every process writes the one database. Realtime-over-WebSocket calls stay in the front.
+`hangup`, its sideband WebSocket) go to the worker that holds it. A Realtime call over the
+WebSocket is placed and relayed likewise (agent/api/worker_sockets.py). A call's record is read
+here: every process writes the one database.
 /metrics adds the workers' (each labelled `call_worker`).
 
 A worker's own (`worker_router`, on its private socket, for the front only): its live calls,
@@ -14,7 +15,6 @@ the versions served now, to attach to, and a stage given up for good, for its ca
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -22,10 +22,7 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Request, Response, WebSocket
 from prometheus_client import CONTENT_TYPE_LATEST
-from websockets.asyncio.client import ClientConnection, unix_connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from agent.api.realtime_ws import realtime
 from agent.api.signalling import (
     BUSY_RETRY_AFTER_S,
     NEGOTIATION_TIMEOUT_S,
@@ -35,8 +32,9 @@ from agent.api.signalling import (
     refusal,
     refuse,
 )
+from agent.api.worker_sockets import realtime_call, sideband
 from agent.calls.registry import tell_stage_failed
-from agent.calls.workers import WORKER_HOST, CallWorker, CallWorkers
+from agent.calls.workers import FULL, CallWorker, CallWorkers
 from agent.ops.metrics_merge import merged
 from agent.serving.attached import follow
 
@@ -46,7 +44,6 @@ worker_router = APIRouter()
 
 PASSED_ON = ("content-type", RESUME_HEADER.lower())  # what an offer keeps of its headers
 ANSWERED = ("content-type", "location", "retry-after")  # what its answer keeps of the worker's
-FULL = ("server_busy", "too_many_calls")  # a worker refusing for want of room: try the next
 RESUME_UNKNOWN = "resume_expired"  # a worker that never held the dropped call says this
 
 
@@ -123,64 +120,13 @@ async def hang_up(call_id: str, request: Request) -> Response:
 
 @front_router.websocket("/v1/realtime")
 async def realtime_or_sideband(websocket: WebSocket) -> None:
-    """A call's sideband is relayed to its worker; a Realtime call over the WebSocket itself
-    is served here, as without call workers."""
+    """A Realtime call over the WebSocket goes to the least loaded worker that admits it; a
+    call's sideband to the worker that holds the call (agent/api/worker_sockets.py)."""
     call_id = websocket.query_params.get("call_id")
     if call_id is None:
-        await realtime(websocket)
-        return
-    worker = websocket.app.state.call_workers.worker_of(call_id)
-    if worker is None:
-        await websocket.send_denial_response(
-            json_error(404, "call_not_found", f"no call {call_id!r}"))
-        return
-    try:
-        upstream = await unix_connect(
-            worker.socket, f"ws://{WORKER_HOST}/v1/realtime?call_id={call_id}",
-            max_size=None)
-    except InvalidStatus as exc:  # the worker refused (the call ended meanwhile): say so
-        await websocket.send_denial_response(Response(
-            exc.response.body, exc.response.status_code,
-            media_type=exc.response.headers.get("content-type")))
-        return
-    except OSError:
-        await websocket.send_denial_response(
-            json_error(404, "call_not_found", f"no call {call_id!r} (its worker died)"))
-        return
-    await websocket.accept()
-    await _relay(websocket, upstream)
-
-
-async def _relay(client: WebSocket, upstream: ClientConnection) -> None:
-    """Pass messages both ways until either side closes; then close the other."""
-
-    async def down() -> None:
-        async for message in upstream:
-            if isinstance(message, str):
-                await client.send_text(message)
-            else:
-                await client.send_bytes(message)
-
-    async def up() -> None:
-        while True:
-            received = await client.receive()
-            if received["type"] == "websocket.disconnect":
-                return
-            if received.get("text") is not None:
-                await upstream.send(received["text"])
-            elif received.get("bytes") is not None:
-                await upstream.send(received["bytes"])
-
-    tasks = [asyncio.create_task(down()), asyncio.create_task(up())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await upstream.close()
-        with contextlib.suppress(RuntimeError, ConnectionClosed):
-            await client.close()
+        await realtime_call(websocket)
+    else:
+        await sideband(websocket, call_id)
 
 
 @worker_router.get("/v1/worker/calls")

@@ -39,6 +39,7 @@ START_TIMEOUT_S = 120.0  # a worker not answering /healthz by then is killed and
 RESTART_DELAY_S = 1.0
 STOP_TIMEOUT_S = 10.0  # after SIGTERM (its calls closed), then SIGKILL
 WORKER_HOST = "worker"  # the Host of requests to a worker (its socket is the address)
+FULL = ("server_busy", "too_many_calls")  # a worker refusing for want of room: try the next
 
 
 @dataclass(eq=False)
