@@ -204,8 +204,7 @@ class VadSegmenter:
         self._ring = deque(self._ring, maxlen=self._preroll_frames + window)
 
     def _is_voiced(self, frame: np.ndarray) -> bool:
-        samples = frame.astype(np.float32)
-        if float(np.var(samples)) < MIN_VOICED_RMS * MIN_VOICED_RMS:
+        if frame_variance(frame) < MIN_VOICED_RMS * MIN_VOICED_RMS:
             return False
         try:
             return bool(self._vad.is_speech(frame.tobytes(), SAMPLE_RATE))
@@ -276,3 +275,11 @@ class VadSegmenter:
         self._window.clear()
         self._silence_run = 0
         self._paused = False
+
+
+def frame_variance(frame: np.ndarray) -> float:
+    """The frame's power about its mean (np.var's figure): two numpy calls where np.var makes
+    a dozen, which made it a twentieth of the call plane's CPU (every 20 ms of every call)."""
+    samples = frame.astype(np.float64)  # 320 int16 squares sum exactly in a double
+    total = float(samples.sum())
+    return (float(samples @ samples) - total * total / len(samples)) / len(samples)

@@ -17,6 +17,7 @@ from media.vad import (
     VadConfig,
     VadEvent,
     VadSegmenter,
+    frame_variance,
 )
 from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
 
@@ -307,3 +308,16 @@ def test_voiced_ms_measures_speech_in_progress(speech: Speech) -> None:
     assert vad.voiced_ms == held
     feed(vad, silence(1000))
     assert vad.voiced_ms == 0
+
+
+def test_the_energy_gate_measures_what_np_var_does() -> None:
+    rng = np.random.default_rng(7)
+    frames = [rng.normal(0, scale, FRAME_SAMPLES).clip(-32768, 32767).astype(np.int16)
+              for scale in (3.0, 9.0, 11.0, 300.0, 30_000.0)]
+    frames += [np.full(FRAME_SAMPLES, 32767, np.int16), np.full(FRAME_SAMPLES, -32768, np.int16),
+               (np.arange(FRAME_SAMPLES) % 2 * 65535 - 32768).astype(np.int16),
+               np.full(FRAME_SAMPLES, 20_000, np.int16) + rng.integers(-12, 12, FRAME_SAMPLES,
+                                                                       dtype=np.int16)]
+    for frame in frames:
+        assert frame_variance(frame) == pytest.approx(float(np.var(frame.astype(np.float64))),
+                                                 rel=1e-9, abs=1e-6)
