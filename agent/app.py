@@ -189,6 +189,7 @@ def admission_of(settings: Settings, metrics: Metrics) -> Admission:
         max_loop_lag_s=settings.admission_max_loop_lag_ms / 1e3,
         max_cpu_wait=settings.admission_max_cpu_wait, window_s=settings.admission_window_s,
         max_pacing_late_s=settings.admission_max_pacing_late_ms / 1e3,
+        max_starting=settings.admission_max_starting,
     ), metrics.loop_lag_monitor)
 
 

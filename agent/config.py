@@ -187,6 +187,10 @@ class Settings(BaseSettings):
     admission_window_s: float = Field(
         5.0, gt=0, le=60, description="how far back admission control looks at the load"
     )
+    admission_max_starting: int = Field(
+        8, ge=0, description="calls taken within the admission window, before their load "
+        "shows in its figures; one more waits (503 server_busy); 0: off",
+    )
     max_completions_in_flight: int = Field(
         4, ge=1, description="chat completion requests in flight per engine (they share it "
         "with the calls' turns); one more gets 429 with Retry-After",

@@ -32,6 +32,8 @@ os.environ.setdefault("OMNIVOX_ADMISSION_MAX_CPU_WAIT", "0")
 # The calls' pacing lateness as well: a test's own callers and engines on the same 2 cores make
 # the frames late, which says nothing of the server under test.
 os.environ.setdefault("OMNIVOX_ADMISSION_MAX_PACING_LATE_MS", "0")
+# And the cap on calls taken per window: tests place calls in quick succession on purpose.
+os.environ.setdefault("OMNIVOX_ADMISSION_MAX_STARTING", "0")
 # One call worker (every call in the server's own process, where tests reach its session)
 # whatever the cores; tests/test_call_workers.py asks for two.
 os.environ.setdefault("OMNIVOX_CALL_WORKERS", "1")

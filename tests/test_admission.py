@@ -151,6 +151,26 @@ async def test_late_pacing_refuses_new_calls(tmp_path: Path) -> None:
         await live.close()
 
 
+async def test_calls_taken_together_wait_for_the_figures(tmp_path: Path) -> None:
+    """Offers arriving together would all be judged on the figures of before they ran: past
+    `admission_max_starting` calls taken within the window, the next is refused (every load
+    check is off here) until the window has moved past them."""
+    settings = admitting(tmp_path, admission_max_loop_lag_ms=0, admission_max_cpu_wait=0,
+                         admission_max_starting=2)
+    async with tone_server(settings) as served:
+        first = [await offer(served.url) for _ in range(2)]
+        assert [r.status_code for r in first] == [201, 201], [r.text for r in first]
+        refused = await offer(served.url)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "server_busy"
+        assert "not in the load figures yet" in refused.json()["error"]["message"]
+        assert int(refused.headers["retry-after"]) >= 1
+        admission = served.app.state.admission
+        await wait_until(lambda: admission.busy() is None, 3 * WINDOW_S + 10,
+                         "the first calls to leave the admission window")
+        assert (await offer(served.url)).status_code == 201
+
+
 def test_the_loop_threads_cpu_wait_is_read_from_the_scheduler() -> None:
     """The CPU check reads /proc/<pid>/schedstat; on this kernel it must be there."""
     assert schedstat.sample(os.getpid()) is not None

@@ -46,6 +46,7 @@ async def realtime(websocket: WebSocket) -> None:
     if refused is None:
         try:
             call = calls.new_call(WebSocketCall)
+            state.admission.taken()
         except CallLimitError as exc:
             refused = Refusal(503, "too_many_calls", str(exc), {"Retry-After": "5"})
     if call is None:

@@ -116,6 +116,7 @@ async def create_call(request: Request) -> Response:
         call = calls.new_call()
     except CallLimitError as exc:
         return refuse(request, 503, "too_many_calls", str(exc), **{"Retry-After": "5"})
+    request.app.state.admission.taken()
     logs.bind_call(call.id)  # this request, and every task the call starts from here
     if resumed is not None:
         log.info("call %s resumes a dropped call's conversation", call.id)

@@ -6,12 +6,17 @@ Every call's 20 ms pacing, VAD and signalling run on the API process's one event
 the load where that loop wakes late, pacing collapses for every call at once (PLATFORM.md:
 aiortc falls off a cliff near 88% of a core), so a new call is refused with 503 before that
 point, at once, and the calls already admitted keep their CPU.
+
+The figures show a call's load only once it runs, seconds after its offer was taken: offers
+arriving together would all be taken on the figures of before. So at most `max_starting` calls
+are taken per window; the next waits (503, Retry-After) until the figures include them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -31,6 +36,7 @@ class AdmissionLimits:
     max_cpu_wait: float  # share of wall time the loop's thread was runnable but not running
     window_s: float
     max_pacing_late_s: float = 0.0  # p99 of the calls' outbound frames against their clock
+    max_starting: int = 0  # calls taken within the window, whose load the figures lack yet
 
 
 class Admission:
@@ -44,6 +50,7 @@ class Admission:
         self._pid = os.getpid()
         keep = max(2, int(limits.window_s / SAMPLE_S) + 1)
         self._waits: deque[tuple[float, int]] = deque(maxlen=keep)
+        self._taken: deque[float] = deque()  # when each call of the window was taken
 
     async def run(self) -> None:
         """Sample the loop thread's CPU wait until cancelled."""
@@ -68,9 +75,24 @@ class Admission:
         """The p99 of the calls' frame lateness over the window, in seconds (0: no frames)."""
         return self.pacing.recent_quantile(PACING_QUANTILE, self.limits.window_s)
 
+    def taken(self) -> None:
+        """A call was taken now (its offer answered, its WebSocket accepted)."""
+        self._taken.append(time.monotonic())
+
+    def starting(self) -> int:
+        """Calls taken within the window: their load is not all in the figures yet."""
+        since = time.monotonic() - self.limits.window_s
+        while self._taken and self._taken[0] < since:
+            self._taken.popleft()
+        return len(self._taken)
+
     def busy(self) -> str | None:
         """Why one more call would not be carried now, or None when it fits."""
         limits = self.limits
+        starting = self.starting()
+        if limits.max_starting and starting >= limits.max_starting:
+            return (f"{starting} calls taken in the last {limits.window_s:g} s are not in the "
+                    f"load figures yet (limit {limits.max_starting})")
         lag = self.recent_lag()
         if limits.max_loop_lag_s and lag > limits.max_loop_lag_s:
             return (f"the event loop ran {lag * 1e3:.0f} ms late in the last "
