@@ -273,6 +273,9 @@ async def connect_call(index: int, plan: Plan, gate: asyncio.Semaphore
                     "eagerness": detection.get("eagerness")}
 
 
+NUMBER = re.compile(r"\d+(?:\.\d+)?")  # a figure in a refusal's message
+
+
 def refusal_reason(exc: Exception) -> str:
     """Why an offer did not become a call, grouped for counting: the HTTP status and the
     server's error code and message, its figures left out (`HTTP 503 server_busy: server busy:
@@ -283,7 +286,7 @@ def refusal_reason(exc: Exception) -> str:
         return f"{type(exc).__name__}: {exc}"[:200]
     try:
         error = response.json()["error"]  # type: ignore[union-attr]
-        said = f" {error['code']}: {re.sub(r'[0-9.]+', 'N', error['message'])}"
+        said = f" {error['code']}: {NUMBER.sub('N', error['message'])}"
     except Exception:  # not the OpenAI error shape: the status is all there is
         said = ""
     return f"HTTP {status}{said}"[:200]
