@@ -11,6 +11,8 @@ With `growth`, a later chunk is also cut at a word once it is `growth` times as 
 text before it (never below `min_chars`). For a Thinker that writes only a few times faster
 than speech is spoken, this keeps each chunk's text written and voiced while the audio of the
 text before it plays: waiting for the end of a long clause would leave the caller in silence.
+A piece fed with `hurry` (the caller is about to run dry: pipeline/audio_ahead.py) cuts a later
+chunk like a first one, at the first clause or at a word past `first_chars`.
 
 Embeddings that came as arrays are joined per chunk; CUDA IPC exports (which the API process
 cannot read) are kept in the chunk as they are, in order, for the Talker job to carry.
@@ -75,9 +77,11 @@ class ClauseChunker:
         self._start = 0
         self._index = 0
 
-    def feed(self, piece: Piece) -> Chunk | None:
-        """Add a piece; the chunk that ends before it, if the cut falls there."""
-        chunk = self._cut() if self._text and self._cuts_before(piece.text) else None
+    def feed(self, piece: Piece, hurry: bool = False) -> Chunk | None:
+        """Add a piece; the chunk that ends before it, if the cut falls there (`hurry`: the
+        first clause or word past `first_chars` will do)."""
+        cut = bool(self._text) and self._cuts_before(piece.text, hurry)
+        chunk = self._cut() if cut else None
         self._pieces.append(piece)
         self._text += piece.text
         return chunk
@@ -89,7 +93,7 @@ class ClauseChunker:
             return dataclasses.replace(self._cut(), last=True)
         return self._cut() if self._text.strip() else None
 
-    def _cuts_before(self, following: str) -> bool:
+    def _cuts_before(self, following: str, hurry: bool) -> bool:
         """Whether the pending text ends a chunk, given the text of the next piece."""
         text = self._text
         if not text.strip():
@@ -98,7 +102,7 @@ class ClauseChunker:
         tail = text.rstrip()[-1:]
         clause = (tail in CLAUSE_END and word_break) or tail in FULLWIDTH_CLAUSE_END
         clause = clause or text.endswith("\n")
-        if self._index == 0:
+        if self._index == 0 or hurry:
             return clause or (word_break and len(text) >= self.first_chars)
         if clause and len(text) >= self.min_chars:
             return True

@@ -55,6 +55,9 @@ class CascadeSettings(BaseModel):
     chunk_growth: float | None = Field(
         None, gt=0, description="also cut a later chunk at a word past this many times the "
         "text before it (a slow Thinker: no silence while it writes a long clause)")
+    hurry_factor: float | None = Field(
+        2.0, gt=0, description="cut the next chunk early (like a first one) once the audio "
+        "not yet heard is shorter than this many chunk voicing delays (None: never)")
     first_group: int = Field(4, ge=1, description="speech tokens in the first VoiceBox group")
     group: int = Field(16, ge=1, description="speech tokens in each later group")
     context_tokens: int = Field(256, ge=0, description="earlier speech tokens given the Talker")

@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from pipeline.audio_ahead import AudioAhead
 from pipeline.cascade import Chunk, ClauseChunker, Piece
 from pipeline.client import StageClient
 from pipeline.cuda_ipc import CudaIpcRef, TensorRef
@@ -120,6 +121,7 @@ class TurnRun:
                                        "first_text_s": None, "first_speech_tokens_s": None,
                                        "first_audio_s": None}
         self._t0 = time.monotonic()
+        self._ahead = AudioAhead(settings.cascade.hurry_factor)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._drive(), name=f"turn {self.turn.turn_id}")
@@ -207,14 +209,18 @@ class TurnRun:
                     if chunks is None:
                         continue
                     piece = Piece(out.text, tuple(out.token_ids), embeds, out.prompt_rows)
-                    if chunk := chunker.feed(piece):
-                        await chunks.put(chunk)
+                    if chunk := chunker.feed(piece, self._ahead.running_low()):
+                        await self._pass_on(chunk, chunks)
             if chunks is not None and (chunk := chunker.flush(cascade.closing_chunk)):
-                await chunks.put(chunk)
+                await self._pass_on(chunk, chunks)
         finally:
             self.pool.release_unless_taken(audio)  # the Thinker releases it once it read it
             if chunks is not None:
                 chunks.close()
+
+    async def _pass_on(self, chunk: Chunk, chunks: Channel[Chunk]) -> None:
+        self._ahead.cut(chunk.index)
+        await chunks.put(chunk)
 
     async def _talk(self, chunks: Channel[Chunk], groups: Channel[Group]) -> None:
         """Voice each chunk in order; the speech tokens so far are the next chunk's context."""
@@ -272,8 +278,10 @@ class TurnRun:
                         continue
                     self._usage["voicebox_s"] += time.monotonic() - waiting_since
                     self._mark("first_audio_s")
-                    self._usage["audio_s"] += len(pcm) / max(out.sample_rate, 1)
+                    seconds = len(pcm) / max(out.sample_rate, 1)
+                    self._usage["audio_s"] += seconds
                     chunk = group.chunk
+                    self._ahead.rendered(chunk.index, seconds)
                     await self._emit(AudioChunk(self.turn.turn_id, pcm, out.sample_rate,
                                                 chunk.text, chunk.start, chunk.end))
                     waiting_since = time.monotonic()

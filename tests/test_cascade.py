@@ -52,6 +52,20 @@ def test_with_growth_a_long_clause_waits_no_longer_than_the_text_before_it_allow
     assert [c.text for c in short] == ["Sure,", " the library opens at nine", " in"]
 
 
+def test_in_a_hurry_a_later_chunk_is_cut_like_a_first_one() -> None:
+    """When the caller is about to run dry, the next cut comes at the first clause or word past
+    first_chars, not at a clause past min_chars; once the hurry is over the clause rule holds."""
+    pieces = ["Sure", ",", " the", " library", " opens", " at", " nine", " in", " the",
+              " morning", ",", " and", " closes", " at", " five", ".", " Anything", " else", "?"]
+    chunker, texts = ClauseChunker(first_chars=16, min_chars=24, max_chars=160), []
+    for i, text in enumerate(pieces):
+        if chunk := chunker.feed(Piece(text), hurry=3 <= i <= 6):
+            texts.append(chunk.text)
+    texts.append(chunker.flush().text)
+    assert texts == ["Sure,", " the library opens", " at nine in the morning,",
+                     " and closes at five. Anything else?"]
+
+
 def test_whitespace_alone_is_never_a_chunk() -> None:
     chunks = chunk_all(["\n"] * 5 + ["Hi", "."])
     assert [c.text for c in chunks] == ["\n\n\n\n\nHi."]
