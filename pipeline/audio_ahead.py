@@ -4,9 +4,10 @@ cut early so that the caller does not run dry.
 The caller hears a reply in real time from its first audio on, so the audio rendered so far
 runs out at `first audio + seconds rendered`. Voicing a chunk (Talker, then VoiceBox) takes a
 while after its cut, longer on a busy machine: measured per chunk, from its cut to its first
-audio. Once the audio ahead is less than `factor` times that delay, waiting for the end of a
-clause would leave the caller in silence: the chunker is told to hurry (cut like a first
-chunk). On a fast machine the audio ahead stays long and chunks keep their clause cuts.
+audio; the longest of the turn so far counts. Once the audio ahead is less than `factor` times
+that delay, waiting for the end of a clause would leave the caller in silence: the chunker is
+told to hurry (cut like a first chunk). On a fast machine the audio ahead stays long and
+chunks keep their clause cuts.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ class AudioAhead:
         self._cut_at: dict[int, float] = {}  # chunk index -> when it was cut
         self._first_audio_at: float | None = None
         self._rendered_s = 0.0
-        self._voicing_s = 0.0  # the latest chunk's delay from its cut to its first audio
+        # The longest delay of a chunk from its cut to its first audio in this turn: the first
+        # chunk's is short (a small first group), later ones' longer (tiny: 0.08 s, then 0.27).
+        self._voicing_s = 0.0
 
     def cut(self, index: int) -> None:
         """Chunk `index` has been cut and handed to the Talker."""
@@ -37,7 +40,7 @@ class AudioAhead:
             self._first_audio_at = now
         cut_at = self._cut_at.pop(index, None)
         if cut_at is not None:  # its first audio
-            self._voicing_s = now - cut_at
+            self._voicing_s = max(self._voicing_s, now - cut_at)
         self._rendered_s += seconds
 
     def ahead_s(self) -> float | None:
@@ -48,7 +51,7 @@ class AudioAhead:
         return self._first_audio_at + self._rendered_s - self._clock()
 
     def running_low(self) -> bool:
-        """Whether the audio ahead is shorter than `factor` chunk voicing delays."""
+        """Whether the audio ahead is shorter than `factor` times the longest chunk delay."""
         ahead = self.ahead_s()
         if self.factor is None or ahead is None:
             return False

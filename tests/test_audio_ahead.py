@@ -28,15 +28,21 @@ def test_audio_ahead_is_what_was_rendered_less_what_has_played() -> None:
     assert ahead.ahead_s() == pytest.approx(0.9)
     assert ahead.running_low()  # 0.9 s < 1.0 s: the next chunk must be cut now
     ahead.cut(1)
-    clock.now += 0.4
-    ahead.rendered(1, 2.0)  # its voicing delay (0.4 s) is the one that counts now
-    assert ahead.ahead_s() == pytest.approx(2.5)
-    clock.now += 1.6
-    assert not ahead.running_low()  # 0.9 s ahead, not under 2 x 0.4 s... yet
-    clock.now += 0.5
-    assert ahead.ahead_s() == pytest.approx(0.4) and ahead.running_low()
+    clock.now += 0.6
+    ahead.rendered(1, 2.0)  # the longest voicing delay (0.6 s) is the one that counts now
+    assert ahead.ahead_s() == pytest.approx(2.3)
     clock.now += 1.0
-    assert ahead.ahead_s() == pytest.approx(-0.6)  # the caller has run dry
+    assert not ahead.running_low()  # 1.3 s ahead, not under 2 x 0.6 s... yet
+    clock.now += 0.2
+    assert ahead.ahead_s() == pytest.approx(1.1) and ahead.running_low()
+    ahead.cut(2)
+    clock.now += 0.1
+    ahead.rendered(2, 0.5)  # a quicker chunk (0.1 s) does not shorten the estimate
+    assert ahead.ahead_s() == pytest.approx(1.5) and not ahead.running_low()
+    clock.now += 0.4
+    assert ahead.running_low()  # 1.1 s ahead < 2 x 0.6 s (not 2 x 0.1 s)
+    clock.now += 2.1
+    assert ahead.ahead_s() == pytest.approx(-1.0)  # the caller has run dry
 
 
 def test_later_groups_of_a_chunk_add_audio_but_not_a_voicing_delay() -> None:
