@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,17 +84,16 @@ class RtpRecorder(asyncio.DatagramProtocol):
                 self.loud_by_source[int.from_bytes(data[8:12], "big")] += 1
 
 
-    def audio(self, decode: Callable[[bytes], np.ndarray] | None = None) -> np.ndarray:
+    def audio(self) -> np.ndarray:
         """What the phone heard (one call), 8 kHz int16 laid out by RTP timestamp, lost packets
-        as silence; each payload decoded as PCMU unless another `decode` is given."""
+        as silence; each payload decoded as PCMU."""
         if not self.payloads:
             return np.zeros(0, np.int16)
-        decode = decode or self.pcmu
         first = min(self.payloads)
         end = max(at - first + len(p) for at, p in self.payloads.items())
         audio = np.zeros(end, np.int16)
         for at, payload in self.payloads.items():
-            audio[at - first:at - first + len(payload)] = decode(payload)
+            audio[at - first:at - first + len(payload)] = self.pcmu(payload)
         return audio
 
     def pcmu(self, payload: bytes) -> np.ndarray:
