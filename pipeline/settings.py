@@ -57,7 +57,8 @@ class CascadeSettings(BaseModel):
         "text before it (a slow Thinker: no silence while it writes a long clause)")
     hurry_factor: float | None = Field(
         2.0, gt=0, description="cut the next chunk early (like a first one) once the audio "
-        "not yet heard is shorter than this many chunk voicing delays (None: never)")
+        "not yet heard is shorter than this many times the turn's longest delay of a chunk "
+        "from its cut to its first audio (None: never)")
     first_group: int = Field(4, ge=1, description="speech tokens in the first VoiceBox group")
     group: int = Field(16, ge=1, description="speech tokens in each later group")
     context_tokens: int = Field(256, ge=0, description="earlier speech tokens given the Talker")
