@@ -233,5 +233,5 @@ async def test_no_underrun_once_the_reply_has_started(answered: AnsweredCall, wh
           f"{(end - begin) * 1000 / RATE:.0f} ms received, server underruns {reply.underruns}, "
           f"longest zero runs (ms) {[round(r, 1) for r in runs[:3]]}")
     assert which != "long" or reply.usage["chunks"] >= 3, "the long reply was not long"
-    assert reply.underruns == 0, "the outbound track ran dry mid-reply"
+    assert reply.underruns == 0, f"the outbound track ran dry mid-reply; usage {reply.usage}"
     assert not runs or runs[0] <= MAX_ZERO_RUN_MS, runs[:5]
