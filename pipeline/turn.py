@@ -219,6 +219,7 @@ class TurnRun:
                 chunks.close()
 
     async def _pass_on(self, chunk: Chunk, chunks: Channel[Chunk]) -> None:
+        """Hand a chunk to the Talker loop, timing its cut (the delay to its first audio)."""
         self._ahead.cut(chunk.index)
         await chunks.put(chunk)
 
