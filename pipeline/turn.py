@@ -119,9 +119,11 @@ class TurnRun:
         self._usage: dict[str, Any] = {"thinker_tokens": 0, "speech_tokens": 0, "chunks": 0,
                                        "audio_s": 0.0, "voicebox_s": 0.0, "transcript_s": None,
                                        "first_text_s": None, "first_speech_tokens_s": None,
-                                       "first_audio_s": None}
+                                       "first_audio_s": None, "start_hold_s": 0.0}
         self._t0 = time.monotonic()
-        self._ahead = AudioAhead(settings.cascade.hurry_factor)
+        cascade = settings.cascade
+        self._ahead = AudioAhead(cascade.hurry_factor, cascade.first_chunk_chars,
+                                 cascade.max_start_hold_s)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._drive(), name=f"turn {self.turn.turn_id}")
@@ -175,6 +177,7 @@ class TurnRun:
             await self._emit(TurnFailed(self.turn.turn_id, error))
             return
         self._usage["elapsed_s"] = time.monotonic() - self._t0
+        self._usage["lowest_ahead_s"] = self._ahead.lowest_ahead_s
         await self._emit(TurnDone(self.turn.turn_id, "".join(self._reply), self._usage))
 
     async def _think(self, chunks: Channel[Chunk] | None) -> None:
@@ -203,6 +206,7 @@ class TurnRun:
                     if not out.text and not out.token_ids:
                         continue
                     if out.text:
+                        self._ahead.wrote(len(out.text))
                         self._reply.append(out.text)
                         self._mark("first_text_s")
                         await self._emit(TextDelta(turn.turn_id, out.text))
@@ -211,6 +215,7 @@ class TurnRun:
                     piece = Piece(out.text, tuple(out.token_ids), embeds, out.prompt_rows)
                     if chunk := chunker.feed(piece, self._ahead.running_low()):
                         await self._pass_on(chunk, chunks)
+            self._ahead.finished_writing()
             if chunks is not None and (chunk := chunker.flush(cascade.closing_chunk)):
                 await self._pass_on(chunk, chunks)
         finally:
@@ -220,7 +225,7 @@ class TurnRun:
 
     async def _pass_on(self, chunk: Chunk, chunks: Channel[Chunk]) -> None:
         """Hand a chunk to the Talker loop, timing its cut (the delay to its first audio)."""
-        self._ahead.cut(chunk.index)
+        self._ahead.cut(chunk.index, chunk.end)
         await chunks.put(chunk)
 
     async def _talk(self, chunks: Channel[Chunk], groups: Channel[Group]) -> None:
@@ -282,7 +287,9 @@ class TurnRun:
                     seconds = len(pcm) / max(out.sample_rate, 1)
                     self._usage["audio_s"] += seconds
                     chunk = group.chunk
-                    self._ahead.rendered(chunk.index, seconds)
+                    if hold := self._ahead.rendered(chunk.index, seconds):
+                        self._usage["start_hold_s"] = hold
+                        await asyncio.sleep(hold)
                     await self._emit(AudioChunk(self.turn.turn_id, pcm, out.sample_rate,
                                                 chunk.text, chunk.start, chunk.end))
                     waiting_since = time.monotonic()

@@ -78,3 +78,12 @@ def test_engine_settings_reject_unknown_keys() -> None:
     with pytest.raises(EngineSettingsError, match="model"):
         EngineSettings.from_mapping({"dtype": "float32"})
     assert EngineSettings.from_mapping({"model": "/m", "cpu_cores": "1"}).cpu_cores == "1"
+
+
+def test_cpu_threads_only_for_an_unbound_engine() -> None:
+    unbound = EngineSettings.from_mapping({"model": "/m", "cpu_cores": "nobind", "cpu_threads": 1})
+    assert (unbound.cpu_cores, unbound.cpu_threads) == ("nobind", 1)
+    for wrong in ({"cpu_cores": "0", "cpu_threads": 1}, {"cpu_threads": 2},
+                  {"cpu_cores": "nobind", "cpu_threads": 0}):
+        with pytest.raises(EngineSettingsError, match="cpu_threads"):
+            EngineSettings.from_mapping({"model": "/m", **wrong})

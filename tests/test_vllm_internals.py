@@ -80,6 +80,33 @@ def test_cpu_binding_sets_the_variable_for_one_creation_and_restores_it(
     with vllm_internals.cpu_binding("0"):
         assert os.environ[name] == "0"
     assert os.environ[name] == "0-1"
+    threads = vllm_internals.OMP_THREADS_ENV
+    monkeypatch.delenv(threads, raising=False)
+    with vllm_internals.cpu_binding("nobind", 1):
+        assert (os.environ[name], os.environ[threads]) == ("nobind", "1")
+    assert (os.environ[name], os.environ.get(threads)) == ("0-1", None)
+
+
+def test_an_unbound_engine_keeps_the_thread_count_it_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With "nobind" vLLM's CPU executor must leave OMP_NUM_THREADS alone: that is how the
+    local profile's unbound Thinker gets one thread (cpu_threads)."""
+    from types import SimpleNamespace
+
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    if not vllm_internals.platform_is_cpu():
+        pytest.skip("OMPProcessManager configures nothing off the CPU platform")
+    threads = vllm_internals.OMP_THREADS_ENV
+    monkeypatch.setenv(vllm_internals.CPU_BIND_ENV, "nobind")
+    monkeypatch.setenv(threads, "3")
+    parallel = SimpleNamespace(local_world_size=1, data_parallel_rank_local=0,
+                               _api_process_count=1)
+    manager = OMPProcessManager(SimpleNamespace(parallel_config=parallel,
+                                                kv_transfer_config=None))
+    with manager.configure_omp_envs(rank=0, local_rank=0):
+        assert os.environ[threads] == "3", "vLLM now sets OMP_NUM_THREADS of an unbound engine"
 
 
 def test_seeded_generators_are_still_rewound_by_the_cpu_runner() -> None:

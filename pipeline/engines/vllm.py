@@ -65,6 +65,9 @@ class EngineSettings:
     # "dummy": random weights of the model's shapes, none read (GPU checks without weights)
     load_format: str = "auto"
     cpu_cores: str | None = None  # VLLM_CPU_OMP_THREADS_BIND for this engine, e.g. "1"
+    # OMP_NUM_THREADS of an engine left unbound (cpu_cores "nobind"); vLLM sets it for a bound
+    # one, one thread per core.
+    cpu_threads: int | None = None
     structured_outputs_backend: str = "xgrammar"
     disable_any_whitespace: bool = True  # compact JSON: fewer tokens for the same answer
     # Past one GPU per stage: vLLM's own parallelism (GPUs per engine = tp x pp).
@@ -80,6 +83,11 @@ class EngineSettings:
             raise EngineSettingsError(f"unknown engine settings {unknown}; known: {sorted(known)}")
         if "model" not in settings:
             raise EngineSettingsError("engine settings need 'model' (a model directory)")
+        threads = settings.get("cpu_threads")
+        if threads is not None and (settings.get("cpu_cores") != "nobind" or threads < 1):
+            raise EngineSettingsError(
+                f"cpu_threads {threads!r} needs cpu_cores 'nobind' and at least 1 thread: "
+                "vLLM gives a bound engine one thread per core")
         return cls(**settings)
 
 
@@ -324,6 +332,7 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         disable_log_stats=True,
         **memory_fraction,
     )
-    # Engine creation reads the core binding from the environment as it spawns its processes.
-    with vllm_internals.cpu_binding(settings.cpu_cores):
+    # Engine creation reads the core binding and threads from the environment as it spawns its
+    # processes.
+    with vllm_internals.cpu_binding(settings.cpu_cores, settings.cpu_threads):
         box.append(AsyncLLM.from_engine_args(args))

@@ -19,6 +19,8 @@ What each touches, and what upstream offers or would take instead:
   workers read when the engine spawns them; there is no engine argument for it. The variable
   is documented, but only process-wide: it is set for one engine's creation at a time, under a
   lock, and restored. A per-engine argument (as `--cpu-omp-threads-bind`) would replace it.
+  With "nobind" vLLM leaves `OMP_NUM_THREADS` as it finds it (`OMPProcessManager`), so an
+  unbound engine's thread count is set the same way.
 - `runs_on_cpu`: `AsyncLLM.vllm_config.device_config.device_type`, the device the engine was
   configured for (with `vllm.platforms.current_platform.is_cpu()` behind it, which is what
   "auto" resolves from). Upstream offers no public "which device does this engine run on".
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+OMP_THREADS_ENV = "OMP_NUM_THREADS"  # torch's threads; vLLM sets it only for a bound engine
 # The environment is the whole process's: two engines created side by side must not see each
 # other's binding, so creations that set one take turns.
 _CPU_BIND_LOCK = threading.Lock()
@@ -77,20 +80,23 @@ def platform_is_cpu() -> bool:
 
 
 @contextmanager
-def cpu_binding(cores: str | None) -> Iterator[None]:
-    """Hold the engine-creation lock with VLLM_CPU_OMP_THREADS_BIND set to `cores` (left as
-    it is for None); the variable is restored on exit."""
+def cpu_binding(cores: str | None, threads: int | None = None) -> Iterator[None]:
+    """Hold the engine-creation lock with VLLM_CPU_OMP_THREADS_BIND set to `cores` and
+    OMP_NUM_THREADS to `threads` (each left as it is for None); both are restored on exit."""
+    wanted = {CPU_BIND_ENV: cores, OMP_THREADS_ENV: None if threads is None else str(threads)}
     with _CPU_BIND_LOCK:
-        previous = os.environ.get(CPU_BIND_ENV)
-        if cores is not None:
-            os.environ[CPU_BIND_ENV] = cores
+        previous = {name: os.environ.get(name) for name in wanted}
+        for name, value in wanted.items():
+            if value is not None:
+                os.environ[name] = value
         try:
             yield
         finally:
-            if previous is None:
-                os.environ.pop(CPU_BIND_ENV, None)
-            else:
-                os.environ[CPU_BIND_ENV] = previous
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def default_logging_config() -> dict[str, Any]:
