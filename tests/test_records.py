@@ -187,6 +187,29 @@ async def test_turn_record_takes_the_user_part_and_times_from_the_reply() -> Non
     assert record.usage == '{"thinker_tokens": 12, "first_audio_s": null}'
 
 
+async def test_a_first_frame_sent_after_the_record_is_added_to_it(tmp_path: Path) -> None:
+    """A reply taken whole at the end of the turn ends before its first frame is sent: the
+    frame's time reaches its record afterwards, once, and only that turn's."""
+    loop = asyncio.get_running_loop()
+    store = CallRecords(tmp_path)
+    await asyncio.to_thread(store.open)
+    try:
+        assert store.call_started("rtc_f", "tiny")
+        reply = Reply(response_id="resp_f_1", item_id="item_a1", turn_id="rtc_f-turn1",
+                      user_item_id=None, started_at=loop.time() - 1.0)
+        reply.first_audio_at = reply.started_at + 0.001
+        assert store.turn_ended("rtc_f", reply, Conversation(""), "completed", "hi")
+        assert store.add_turn(a_turn("rtc_f", 2, started_at=time.time() + 5))
+        reply.first_frame_at = reply.started_at + 0.0185
+        assert store.first_frame_sent(reply)
+        reply.first_frame_at = reply.started_at + 0.5  # a later edge does not move it
+        assert store.first_frame_sent(reply)
+        turns = (await store.call_record("rtc_f"))["turns"]
+    finally:
+        await asyncio.to_thread(store.close)
+    assert [t["first_frame_ms"] for t in turns] == [18.5, 130.0]
+
+
 # -- the API, through media-only calls ------------------------------------------------------
 
 

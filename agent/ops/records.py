@@ -120,9 +120,6 @@ def turn_record(
     """The record of `reply` ending now (call on the event loop: its times are loop times)."""
     loop_now, wall_now = asyncio.get_running_loop().time(), time.time()
 
-    def after_start_ms(at: float | None) -> float | None:
-        return None if at is None else round((at - reply.started_at) * 1000, 1)
-
     user_text, user_item_id = _user_part(conversation, reply)
     return TurnRecord(
         call_id=call_id,
@@ -136,14 +133,19 @@ def turn_record(
         reason=reason,
         error=error,
         started_at=wall_now - (loop_now - reply.started_at),
-        first_audio_ms=after_start_ms(reply.first_audio_at),
-        first_frame_ms=after_start_ms(reply.first_frame_at),
+        first_audio_ms=_after_start_ms(reply, reply.first_audio_at),
+        first_frame_ms=_after_start_ms(reply, reply.first_frame_at),
         ended_at=wall_now,
         audio_ms=reply.spoken.total_ms,
         cut_ms=reply.cut_ms,
         underruns=reply.underruns,
         usage=json.dumps(reply.usage, default=str) if reply.usage is not None else None,
     )
+
+
+def _after_start_ms(reply: Reply, at: float | None) -> float | None:
+    """A loop time of `reply` as ms after it started, as its record keeps it."""
+    return None if at is None else round((at - reply.started_at) * 1000, 1)
 
 
 def _user_part(conversation: Conversation, reply: Reply) -> tuple[str | None, str | None]:
@@ -259,6 +261,17 @@ class CallRecords:
             call_id, reply, conversation, status, transcript, error=error, reason=reason
         )
         return self.add_turn(record)
+
+    def first_frame_sent(self, reply: Reply) -> bool:
+        """Add the first frame's time to a turn recorded before it was sent: a reply whose
+        audio was all queued when it ended (one prepared at the caller's pause and taken whole
+        at the end of the turn) ends before the sender's next 20 ms tick."""
+        if not self.is_open:
+            return False
+        ms = _after_start_ms(reply, reply.first_frame_at)
+        sql = ("UPDATE turns SET first_frame_ms = ? "
+               "WHERE response_id = ? AND first_frame_ms IS NULL")
+        return self._submit(lambda db: db.execute(sql, (ms, reply.response_id)))
 
     def add_turn(self, record: TurnRecord) -> bool:
         row = vars(record)  # shallow: every field is a plain value

@@ -57,6 +57,8 @@ class Playback:
         if playing and reply.audio_state == "idle":
             reply.audio_state = "started"
             reply.first_frame_at = asyncio.get_running_loop().time()
+            if reply.finished:  # recorded already, its audio all queued when it ended
+                self.session.call.records.first_frame_sent(reply)
             self.session.call.send_event(output_audio_buffer_started(reply.response_id))
         elif not playing and reply.finished:
             self.stopped(reply)
