@@ -33,6 +33,7 @@ from pipeline.families.local.build import ASR_DIR, FAMILY
 from pipeline.families.local.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.conftest import local_models_dir
+from tests.product_calls import session_of
 from tests.rtc_client import FRAME_MS, ArrayAudioTrack, RtcCaller
 from tests.served import Served
 
@@ -260,9 +261,8 @@ async def test_a_busy_core_does_not_stall_the_thinker(local_server: Served,
         answered.caller.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "Tell me a long story about a castle."}]}})
-        session = local_server.app.state.calls.get(
-            answered.caller.location.rsplit("/", 1)[1]).handler
-        heard = await played_out(answered.caller, session, 3)  # asserts it completed
+        heard = await played_out(answered.caller, session_of(local_server, answered.caller),
+                                 3)  # asserts it completed
     finally:
         hog.kill()
         hog.wait()

@@ -266,8 +266,6 @@ class CallRecords:
         """Add the first frame's time to a turn recorded before it was sent: a reply whose
         audio was all queued when it ended (one prepared at the caller's pause and taken whole
         at the end of the turn) ends before the sender's next 20 ms tick."""
-        if not self.is_open:
-            return False
         ms = _after_start_ms(reply, reply.first_frame_at)
         sql = ("UPDATE turns SET first_frame_ms = ? "
                "WHERE response_id = ? AND first_frame_ms IS NULL")
