@@ -15,6 +15,13 @@ what upstream offers or could offer instead:
   end of a turn and barge-in detection by 20 ms). aiortc has no setting for the receiver's
   jitter buffer capacity or prefetch; an upstream option (say on RTCRtpReceiver or
   RTCConfiguration) would be welcome and would retire this.
+- `RTCRtpReceiver.__decoder_queue` (a queue.Queue; mangled `_RTCRtpReceiver__decoder_queue`):
+  aiortc decodes each received packet in a thread of its own per receiver, and hands each
+  decoded frame back to the event loop with `asyncio.run_coroutine_threadsafe` (a task, a
+  future and a wake-up of the loop per 20 ms packet). The queue is replaced by `LoopDecoder`,
+  which decodes in the event loop, at once, and queues the frames for the remote track itself;
+  the end of the stream still goes to aiortc's thread, which ends the track as before. An
+  upstream option to decode in the loop (or a decoded-frame callback) would retire this.
 - `RTCSctpTransport._data_channel_receive` (a coroutine method): wrapped so one data-channel
   message aiortc cannot decode (text that is not UTF-8) does not tear down the whole call from
   inside aiortc's receive loop. Upstream would need to catch decode errors per message (or
@@ -52,11 +59,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import queue
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import aiortc
+import av
 from aioice import Connection
 from aiortc import (
     MediaStreamTrack,
@@ -70,11 +80,14 @@ from aiortc import (
     RTCSctpTransport,
 )
 from aiortc import codecs as aiortc_codecs
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.codecs import get_decoder
+from aiortc.codecs.base import Decoder
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtcrtpreceiver import RemoteStreamTrack
 from aiortc.rtp import RtpPacket
 
 AIORTC_VERSION: str = aiortc.__version__
+logger = logging.getLogger(__name__)
 
 # aiortc's receive of one data-channel message: (stream id, payload protocol id, data).
 DataChannelReceive = Callable[[int, int, bytes], Coroutine[Any, Any, None]]
@@ -82,6 +95,7 @@ DataChannelReceive = Callable[[int, int, bytes], Coroutine[Any, Any, None]]
 _T = TypeVar("_T")
 _ABSENT = object()
 _JITTER_BUFFER = "_RTCRtpReceiver__jitter_buffer"  # Python's mangling of `self.__jitter_buffer`
+_DECODER_QUEUE = "_RTCRtpReceiver__decoder_queue"
 # Methods replaced on one instance, by name: the instance attribute shadows the class's method.
 _DATA_CHANNEL_RECEIVE = "_data_channel_receive"
 _HANDLE_RTP_PACKET = "_handle_rtp_packet"
@@ -156,6 +170,66 @@ def replace_jitter_buffer(receiver: RTCRtpReceiver, capacity: int, prefetch: int
     before releasing one (replace it before the first packet arrives)."""
     jitter_buffer(receiver)  # loud if the attribute moved: setting it would go unnoticed
     setattr(receiver, _JITTER_BUFFER, JitterBuffer(capacity, prefetch=prefetch))
+
+
+class LoopDecoder:
+    """Stands in for a receiver's queue to its decoder thread: each encoded frame `put` is
+    decoded at once, in the event loop, and its frames are queued for the remote track; the
+    end of the stream (None) goes on to aiortc's thread, which ends the track after the frames
+    already queued. The thread, started when the connection comes up (after this replaced the
+    queue it is given), waits on the queue it replaced: it sees nothing but the end."""
+
+    def __init__(self, thread_queue: queue.Queue[Any], frames: asyncio.Queue[Any],
+                 kind: str) -> None:
+        self._thread_queue = thread_queue
+        self._frames = frames
+        self._kind = kind
+        self._decoder: Decoder | None = None
+        self._codec_name: str | None = None
+        self.decoded = 0  # frames handed to the track
+
+    def get(self) -> Any:
+        """aiortc's decoder thread waits here: for the end of the stream, only."""
+        return self._thread_queue.get()
+
+    def put(self, task: tuple[RTCRtpCodecParameters, JitterFrame] | None) -> None:
+        if task is None:
+            self._thread_queue.put(None)
+            return
+        codec, encoded = task
+        if self._decoder is None or codec.name != self._codec_name:
+            self._decoder, self._codec_name = get_decoder(codec), codec.name
+        try:
+            frames = self._decoder.decode(encoded)
+        except av.FFmpegError as exc:  # as aiortc's thread: keep the decoder, skip the frame
+            logger.warning("%s frame could not be decoded (%s): %s", codec.name, self._kind, exc)
+            return
+        for frame in frames:
+            self._frames.put_nowait(frame)
+        self.decoded += len(frames)
+
+
+def decode_in_loop(receiver: RTCRtpReceiver) -> LoopDecoder:
+    """Have `receiver` decode its packets in the event loop rather than in its thread (again:
+    the decoder it has)."""
+    decoder = loop_decoder(receiver)
+    if decoder is not None:
+        return decoder
+    thread_queue = _private(receiver, "RTCRtpReceiver", _DECODER_QUEUE, queue.Queue,
+                            "the queue of encoded frames to the decoder thread")
+    frames = remote_track_queue(receiver.track)
+    if frames is None:
+        raise AiortcInternalsError(f"aiortc {AIORTC_VERSION}'s RTCRtpReceiver.track is not a "
+                                   "RemoteStreamTrack (its decoded frames' queue)")
+    decoder = LoopDecoder(thread_queue, frames, receiver.track.kind)
+    setattr(receiver, _DECODER_QUEUE, decoder)
+    return decoder
+
+
+def loop_decoder(receiver: RTCRtpReceiver) -> LoopDecoder | None:
+    """The LoopDecoder `receiver` was given, if any."""
+    decoder = getattr(receiver, _DECODER_QUEUE, None)
+    return decoder if isinstance(decoder, LoopDecoder) else None
 
 
 def wrap_data_channel_receive(

@@ -22,6 +22,7 @@ from aiortc.rtp import RtpPacket
 from media.aiortc_internals import (
     DataChannelReceive,
     accept_telephone_events,
+    decode_in_loop,
     divert_rtp_packets,
     negotiated_codecs,
     put_codecs_last,
@@ -76,19 +77,23 @@ def sent_codec(pc: RTCPeerConnection, sender: RTCRtpSender) -> RTCRtpCodecParame
 
 
 def hold_inbound_audio(pc: RTCPeerConnection, packets: int) -> None:
-    """Let each audio receiver hold `packets` packets before decoding (aiortc holds 4).
+    """Let each audio receiver hold `packets` packets before decoding (aiortc holds 4), and
+    decode them in the event loop.
 
     The server never plays the caller's audio out, so a smooth playout buys nothing here: the
     buffer's one use is to put reordered packets back in order. Each packet held delays the
     VAD's end of turn, and so the reply, and the detection of a barge-in, by 20 ms; aiortc's 4
     cost 60 ms more than 1. aiortc takes no setting for it, so its receiver's buffer is
     replaced before the first packet arrives (call this before the connection is up).
+    aiortc's decoder thread hands every decoded 20 ms frame back to the loop as a task of its
+    own, which costs more than decoding it in the loop (media/aiortc_internals.py).
     """
     if not 1 <= packets <= JITTER_CAPACITY:
         raise ValueError(f"inbound audio packets held must be 1..{JITTER_CAPACITY}, got {packets}")
     for transceiver in pc.getTransceivers():
         if transceiver.kind == "audio":
             replace_jitter_buffer(transceiver.receiver, JITTER_CAPACITY, prefetch=packets)
+            decode_in_loop(transceiver.receiver)
 
 
 JITTER_CAPACITY = 16  # aiortc's own for audio: 320 ms of 20 ms packets

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import aiortc
+import av
 import pytest
 from aiortc import (
     AudioStreamTrack,
@@ -21,6 +22,7 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc.jitterbuffer import JitterBuffer
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpreceiver import RemoteStreamTrack
 from aiortc.rtcsctptransport import WEBRTC_STRING
 from aiortc.rtp import RtpPacket
@@ -32,6 +34,7 @@ from media.aiortc_internals import (
     data_channel_backlog,
     divert_rtp_packets,
     jitter_buffer,
+    loop_decoder,
     negotiated_codecs,
     remote_track_queue,
     send_rtp,
@@ -72,8 +75,7 @@ class Pair:
         return next(t for t in self.server.getTransceivers() if t.kind == "audio")
 
 
-@pytest.fixture(scope="module")
-async def pair() -> AsyncIterator[Pair]:
+async def connect_pair() -> Pair:
     accept_telephone_events()  # the caller offers DTMF too
     caller = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     caller.addTrack(AudioStreamTrack())  # aiortc's silence, paced in real time
@@ -88,8 +90,14 @@ async def pair() -> AsyncIterator[Pair]:
     answer = await create_answer(pair.server)
     await caller.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
     await wait_until(lambda: pair.channel.readyState == "open", 20, "the data channel")
+    return pair
+
+
+@pytest.fixture(scope="module")
+async def pair() -> AsyncIterator[Pair]:
+    pair = await connect_pair()
     yield pair
-    await caller.close()
+    await pair.caller.close()
     await pair.server.close()
 
 
@@ -118,6 +126,43 @@ async def test_every_rtp_packet_is_seen_and_the_remote_track_queues_its_frames(
     assert all(isinstance(p, RtpPacket) for p in pair.packets)
     await wait_until(lambda: queue.qsize() > 0, 20, "a decoded frame, unread")
     assert remote_track_queue(OutboundAudioTrack()) is None  # not aiortc's: nothing to bound
+
+
+async def test_packets_are_decoded_in_the_loop_and_the_end_still_ends_the_track(
+    pair: Pair,
+) -> None:
+    """The frames the track queues come from the loop's decoder, not aiortc's thread; the end
+    of the stream still reaches aiortc's thread, which ends the track (and lets close() join
+    it: a lost end would hang the close)."""
+    decoder = loop_decoder(pair.audio.receiver)
+    assert decoder is not None
+    track = pair.audio.receiver.track
+    queue = remote_track_queue(track)
+    assert queue is not None
+    before = decoder.decoded
+    await wait_until(lambda: decoder.decoded >= before + 5, 20, "five frames decoded")
+    frame = await track.recv()
+    assert isinstance(frame, av.AudioFrame) and frame.sample_rate == 48_000
+
+    other = await connect_pair()  # a call of its own, to end
+    other_decoder = loop_decoder(other.audio.receiver)
+    assert other_decoder is not None
+    await wait_until(lambda: other_decoder.decoded > 0, 20, "the other call's first frame")
+    ended = asyncio.ensure_future(drain(other.audio.receiver.track))
+    await asyncio.wait_for(other.server.close(), 10)
+    assert await asyncio.wait_for(ended, 10) > 0
+    await other.caller.close()
+
+
+async def drain(track: MediaStreamTrack) -> int:
+    """Read `track` until it ends; the frames read."""
+    frames = 0
+    try:
+        while True:
+            await track.recv()
+            frames += 1
+    except MediaStreamError:
+        return frames
 
 
 async def test_telephone_events_are_negotiated_sent_raw_and_taken_before_the_decoder(
@@ -213,6 +258,12 @@ def _without_jitter_buffer() -> None:
     hold_inbound_audio(pc, 1)
 
 
+def _without_decoder_queue() -> None:
+    pc, transceiver = _fresh()
+    del transceiver.receiver._RTCRtpReceiver__decoder_queue  # type: ignore[attr-defined]
+    hold_inbound_audio(pc, 1)
+
+
 def _without_sent_queue() -> None:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     channel = pc.createDataChannel("oai-events")
@@ -266,6 +317,7 @@ def _divert_without_handler() -> None:
     (_without_codecs, "has no RTCRtpTransceiver._codecs"),
     (_codecs_of_another_type, "RTCRtpTransceiver._codecs is a tuple, not a list"),
     (_without_jitter_buffer, "has no RTCRtpReceiver.__jitter_buffer"),
+    (_without_decoder_queue, "has no RTCRtpReceiver.__decoder_queue"),
     (_without_sent_queue, "has no RTCSctpTransport._sent_queue"),
     (_receive_not_a_coroutine, "RTCSctpTransport._data_channel_receive is not a coroutine"),
     (_without_receive, "has no RTCSctpTransport._data_channel_receive"),
