@@ -66,7 +66,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import aiortc
-import av
 from aioice import Connection
 from aiortc import (
     MediaStreamTrack,
@@ -187,6 +186,7 @@ class LoopDecoder:
         self._decoder: Decoder | None = None
         self._codec_name: str | None = None
         self.decoded = 0  # frames handed to the track
+        self.empty = 0  # empty payloads skipped
 
     def get(self) -> Any:
         """aiortc's decoder thread waits here: for the end of the stream, only."""
@@ -197,12 +197,19 @@ class LoopDecoder:
             self._thread_queue.put(None)
             return
         codec, encoded = task
+        if not encoded.data:  # padding only, no audio
+            # PyAV takes an empty packet for the end of the stream: the decoder would refuse
+            # every later frame of the call (aiortc's own thread has this flaw).
+            self.empty += 1
+            return
         if self._decoder is None or codec.name != self._codec_name:
             self._decoder, self._codec_name = get_decoder(codec), codec.name
         try:
             frames = self._decoder.decode(encoded)
-        except av.FFmpegError as exc:  # as aiortc's thread: keep the decoder, skip the frame
-            logger.warning("%s frame could not be decoded (%s): %s", codec.name, self._kind, exc)
+        except Exception as exc:  # keep the decoder, skip the frame (as aiortc's thread does)
+            # Anything raised here would end the DTLS transport's receive loop, the whole call:
+            # a frame that cannot be decoded costs that frame only.
+            logger.warning("%s frame could not be decoded (%s): %r", codec.name, self._kind, exc)
             return
         for frame in frames:
             self._frames.put_nowait(frame)

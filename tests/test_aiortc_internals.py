@@ -5,12 +5,14 @@ module docstring says why each is used and what upstream could offer instead).""
 from __future__ import annotations
 
 import asyncio
+import queue
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import aiortc
 import av
+import numpy as np
 import pytest
 from aiortc import (
     AudioStreamTrack,
@@ -21,7 +23,8 @@ from aiortc import (
     RTCRtpTransceiver,
     RTCSessionDescription,
 )
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.codecs.opus import OpusEncoder
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcrtpreceiver import RemoteStreamTrack
 from aiortc.rtcsctptransport import WEBRTC_STRING
@@ -30,6 +33,7 @@ from aiortc.rtp import RtpPacket
 from media.aiortc_internals import (
     TELEPHONE_EVENTS,
     AiortcInternalsError,
+    LoopDecoder,
     accept_telephone_events,
     data_channel_backlog,
     divert_rtp_packets,
@@ -152,6 +156,33 @@ async def test_packets_are_decoded_in_the_loop_and_the_end_still_ends_the_track(
     await asyncio.wait_for(other.server.close(), 10)
     assert await asyncio.wait_for(ended, 10) > 0
     await other.caller.close()
+
+
+async def test_the_loop_decoder_skips_what_it_cannot_decode_and_goes_on(pair: Pair) -> None:
+    """An empty payload (padding only) would put PyAV's decoder into its end of stream, deaf
+    to every later frame, and an exception raised here would end the call's DTLS transport:
+    both are skipped, and the next packet decodes."""
+    decoder = loop_decoder(pair.audio.receiver)
+    assert decoder is not None
+    codec = negotiated_codecs(pair.audio)[0]
+    spoken = opus_payload()
+    frames = asyncio.Queue[av.AudioFrame]()
+    fresh = LoopDecoder(queue.Queue(), frames, "audio")
+    fresh.put((codec, JitterFrame(data=spoken, timestamp=0)))
+    fresh.put((codec, JitterFrame(data=b"", timestamp=960)))
+    fresh.put((codec, JitterFrame(data=b"\x03", timestamp=1920)))  # not Opus: raises
+    fresh.put((codec, JitterFrame(data=spoken, timestamp=2880)))
+    assert (fresh.decoded, fresh.empty, frames.qsize()) == (2, 1, 2)
+
+
+def opus_payload() -> bytes:
+    """One 20 ms Opus packet of noise, from aiortc's own encoder."""
+    frame = av.AudioFrame.from_ndarray(
+        np.random.default_rng(7).integers(-3000, 3000, (1, 960), dtype=np.int16),
+        format="s16", layout="mono")
+    frame.sample_rate, frame.pts = 48_000, 0
+    payloads, _ = OpusEncoder().encode(frame)
+    return payloads[0]
 
 
 async def drain(track: MediaStreamTrack) -> int:
