@@ -35,7 +35,7 @@ def question(tmp_path_factory: pytest.TempPathFactory) -> tuple[np.ndarray, int,
     return pcm, start_ms, end_ms
 
 
-ENCODERS = {(): "OpusEncoder", ("PCMU",): "PcmuEncoder", ("PCMA",): "PcmaEncoder"}
+ENCODERS = {(): "VoiceOpusEncoder", ("PCMU",): "PcmuEncoder", ("PCMA",): "PcmaEncoder"}
 
 
 def dominant_hz(pcm: np.ndarray, rate: int = 48_000) -> float:

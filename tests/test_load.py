@@ -49,11 +49,12 @@ def minute_rss(watch: ServerWatch, started_at: float, minute: int) -> float:
     return statistics.median(rss)
 
 
-def rss_slope(watch: ServerWatch, started_at: float, ended_at: float) -> float:
-    """The API process's RSS trend (MiB per minute) after the first minute, the warm-up: a
-    leak shows as a steady slope over a long run, buffering under load as a bump."""
-    samples = [((s.at - started_at) / 60.0, s.rss / 2**20)
-               for s in watch.between(started_at + 60.0, ended_at) if s.rss is not None]
+def rss_slope(watch: ServerWatch, since: float, until: float) -> float:
+    """The API process's RSS trend (MiB per minute) between two times. Taken after the first
+    minute, the warm-up: a leak shows as a steady slope over a long run, buffering under load
+    as a bump."""
+    samples = [((s.at - since) / 60.0, s.rss / 2**20)
+               for s in watch.between(since, until) if s.rss is not None]
     assert len(samples) >= 2, "too few RSS samples after the warm-up"
     minutes, mib = zip(*samples, strict=True)
     return float(np.polyfit(minutes, mib, 1)[0])
@@ -71,7 +72,12 @@ def test_calls_held_for_minutes(tiny_models_dir: Path, tmp_path: Path) -> None:
         level = summarise(run)
         rss1 = minute_rss(watch, run.started_at, 1)
         rss2 = minute_rss(watch, run.started_at, 2)
-        slope = rss_slope(watch, run.started_at, run.started_at + DURATION_S)
+        warm, end = run.started_at + 60.0, run.started_at + DURATION_S
+        slope = rss_slope(watch, warm, end)
+        middle = (warm + end) / 2
+        halves = (rss_slope(watch, warm, middle), rss_slope(watch, middle, end))
+        rss_by_minute = ", ".join(f"{minute_rss(watch, run.started_at, m):.1f}"
+                                  for m in range(1, int(DURATION_S // 60) + 1))
     srv = level["server"] or {}
     print(f"\n[load] {level['calls_connected']}/{CALLS} calls held for {level['wall_s']:.0f} s, "
           f"{level['calls_dropped']} dropped; turns {level['turns_ok']} ok, "
@@ -82,6 +88,9 @@ def test_calls_held_for_minutes(tiny_models_dir: Path, tmp_path: Path) -> None:
           f"(target < 50 ms); /healthz round trip {srv.get('healthz_ms')}")
     print(f"[load] API process RSS: minute 1 {rss1:.1f} MiB, minute 2 {rss2:.1f} MiB "
           f"({(rss2 - rss1) / rss1:+.1%}); slope after minute 1 {slope:+.2f} MiB/min")
+    print(f"[load] RSS by minute (MiB): {rss_by_minute}; slope over the first and the second "
+          f"half after minute 1: {halves[0]:+.2f}, {halves[1]:+.2f} MiB/min (a leak keeps its "
+          "slope, a warm-up flattens)")
     print(f"[load] at the callers: ttfa {level['ttfa_ms']}, barge-in stop "
           f"{level['barge_in_stop_ms']}, longest gap {level['gaps_ms_max']} ms, longest late "
           f"arrival {level['late_ms_max']} ms, generator loop lag p99 "

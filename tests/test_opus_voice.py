@@ -1,0 +1,66 @@
+"""The voice's own Opus encoder (media/opus_voice.py) against aiortc's Opus decoder, which every
+aiortc caller uses: a tone comes back as that tone, packets are stamped 960 apart on the RTP
+clock, digital silence stays small enough for the light callers to tell from sound. What it
+saves is measured by `omnivox bench calls` (README, What a call costs), not here."""
+
+from __future__ import annotations
+
+import av
+import numpy as np
+import pytest
+from aiortc.codecs.opus import OpusDecoder
+from aiortc.jitterbuffer import JitterFrame
+
+from agent.bench.light_caller import SILENT_MAX_BYTES
+from media.opus_voice import RTP_STEP, VoiceOpusEncoder
+from media.outbound import FRAME_SAMPLES, SAMPLE_RATE
+
+TONE_HZ = 440.0
+
+
+def frames_of(pcm: np.ndarray) -> list[av.AudioFrame]:
+    frames = []
+    for n in range(len(pcm) // FRAME_SAMPLES):
+        frame = av.AudioFrame.from_ndarray(
+            pcm[n * FRAME_SAMPLES:(n + 1) * FRAME_SAMPLES].reshape(1, -1), format="s16",
+            layout="mono")
+        frame.sample_rate, frame.pts = SAMPLE_RATE, n * FRAME_SAMPLES
+        frames.append(frame)
+    return frames
+
+
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(SAMPLE_RATE * seconds)) / SAMPLE_RATE
+    return (np.sin(2 * np.pi * TONE_HZ * t) * 8000).astype(np.int16)
+
+
+def test_a_tone_comes_back_through_aiortcs_decoder_as_that_tone() -> None:
+    encoder, decoder = VoiceOpusEncoder(), OpusDecoder()
+    stamps, heard = [], []
+    for frame in frames_of(tone(1.0)):
+        payloads, timestamp = encoder.encode(frame)
+        assert len(payloads) == 1
+        stamps.append(timestamp)
+        for decoded in decoder.decode(JitterFrame(data=payloads[0], timestamp=timestamp)):
+            heard.append(decoded.to_ndarray().reshape(-1, 2)[:, 0])  # stereo s16
+    assert np.all(np.diff(stamps) == RTP_STEP) and stamps[0] == 0
+    pcm = np.concatenate(heard)[48_000 // 10:].astype(np.float64)  # past the codec's start
+    spectrum = np.abs(np.fft.rfft(pcm))
+    assert abs(np.fft.rfftfreq(len(pcm), 1 / 48_000)[int(np.argmax(spectrum))] - TONE_HZ) < 5
+    assert 0.6 < np.sqrt(np.mean(pcm**2)) / (8000 / np.sqrt(2)) < 1.4  # the tone's level
+
+
+def test_digital_silence_codes_small_enough_for_the_light_callers() -> None:
+    encoder = VoiceOpusEncoder()
+    sizes = [len(encoder.encode(f)[0][0]) for f in frames_of(np.zeros(SAMPLE_RATE, np.int16))]
+    assert max(sizes[5:]) <= SILENT_MAX_BYTES, sizes
+    spoken = [len(encoder.encode(f)[0][0]) for f in frames_of(tone(0.5))]
+    assert min(spoken[5:]) > SILENT_MAX_BYTES, spoken
+
+
+def test_a_frame_of_another_shape_is_refused() -> None:
+    frame = frames_of(tone(0.1))[0]
+    frame.sample_rate = 16_000
+    with pytest.raises(ValueError, match="48000 Hz mono"):
+        VoiceOpusEncoder().encode(frame)
+
