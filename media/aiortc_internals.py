@@ -187,6 +187,7 @@ class LoopDecoder:
         self._codec_name: str | None = None
         self.decoded = 0  # frames handed to the track
         self.empty = 0  # empty payloads skipped
+        self.failed = 0  # frames skipped because decoding them raised
 
     def get(self) -> Any:
         """aiortc's decoder thread waits here: for the end of the stream, only."""
@@ -209,7 +210,10 @@ class LoopDecoder:
         except Exception as exc:  # keep the decoder, skip the frame (as aiortc's thread does)
             # Anything raised here would end the DTLS transport's receive loop, the whole call:
             # a frame that cannot be decoded costs that frame only.
-            logger.warning("%s frame could not be decoded (%s): %r", codec.name, self._kind, exc)
+            self.failed += 1
+            if self.failed & (self.failed - 1) == 0:  # the 1st, 2nd, 4th...: a garbage stream
+                logger.warning("%s frame could not be decoded (%s, %d so far): %r",  # logs little
+                               codec.name, self._kind, self.failed, exc)
             return
         for frame in frames:
             self._frames.put_nowait(frame)

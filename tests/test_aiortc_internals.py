@@ -172,7 +172,7 @@ async def test_the_loop_decoder_skips_what_it_cannot_decode_and_goes_on(pair: Pa
     fresh.put((codec, JitterFrame(data=b"", timestamp=960)))
     fresh.put((codec, JitterFrame(data=b"\x03", timestamp=1920)))  # not Opus: raises
     fresh.put((codec, JitterFrame(data=spoken, timestamp=2880)))
-    assert (fresh.decoded, fresh.empty, frames.qsize()) == (2, 1, 2)
+    assert (fresh.decoded, fresh.empty, fresh.failed, frames.qsize()) == (2, 1, 1, 2)
 
 
 def opus_payload() -> bytes:
