@@ -11,9 +11,10 @@ loaded it was, not whether the server is right.
 
 `make test` runs 16 calls: what this 2-core machine carries with its callers on the same cores
 (at 32, the callers alone took 1.25 cores and the server's loop lagged seconds, so callers'
-ICE consent checks failed and they hung up). `make soak` runs 32 calls for ten minutes
-(OMNIVOX_LOAD_CALLS, OMNIVOX_LOAD_DURATION_S). Short utterances, short replies (16 tokens,
-about 1.6 s of audio), 8 s pauses and generous turn timeouts keep the callers' own cost down.
+ICE consent checks failed and they hung up; later the calls held, but the Thinker's engine
+starved). `make soak` runs 16 calls for ten minutes (OMNIVOX_LOAD_CALLS,
+OMNIVOX_LOAD_DURATION_S). Short utterances, short replies (16 tokens, about 1.6 s of audio), 8 s
+pauses and generous turn timeouts keep the callers' own cost down.
 """
 
 from __future__ import annotations
