@@ -141,8 +141,7 @@ async def test_packets_are_decoded_in_the_loop_and_the_end_still_ends_the_track(
     decoder = loop_decoder(pair.audio.receiver)
     assert decoder is not None
     track = pair.audio.receiver.track
-    queue = remote_track_queue(track)
-    assert queue is not None
+    assert remote_track_queue(track) is not None
     before = decoder.decoded
     await wait_until(lambda: decoder.decoded >= before + 5, 20, "five frames decoded")
     frame = await track.recv()
@@ -162,8 +161,6 @@ async def test_the_loop_decoder_skips_what_it_cannot_decode_and_goes_on(pair: Pa
     """An empty payload (padding only) would put PyAV's decoder into its end of stream, deaf
     to every later frame, and an exception raised here would end the call's DTLS transport:
     both are skipped, and the next packet decodes."""
-    decoder = loop_decoder(pair.audio.receiver)
-    assert decoder is not None
     codec = negotiated_codecs(pair.audio)[0]
     spoken = opus_payload()
     frames = asyncio.Queue[av.AudioFrame]()
