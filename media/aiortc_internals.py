@@ -88,6 +88,8 @@ from aiortc.rtp import RtpPacket
 AIORTC_VERSION: str = aiortc.__version__
 logger = logging.getLogger(__name__)
 
+# A decoder for a negotiated codec (aiortc's get_decoder, or one of the caller's own).
+DecoderFor = Callable[[RTCRtpCodecParameters], Decoder]
 # aiortc's receive of one data-channel message: (stream id, payload protocol id, data).
 DataChannelReceive = Callable[[int, int, bytes], Coroutine[Any, Any, None]]
 
@@ -179,10 +181,11 @@ class LoopDecoder:
     queue it is given), waits on the queue it replaced: it sees nothing but the end."""
 
     def __init__(self, thread_queue: queue.Queue[Any], frames: asyncio.Queue[Any],
-                 kind: str) -> None:
+                 kind: str, decoder_for: DecoderFor = get_decoder) -> None:
         self._thread_queue = thread_queue
         self._frames = frames
         self._kind = kind
+        self._decoder_for = decoder_for
         self._decoder: Decoder | None = None
         self._codec_name: str | None = None
         self.decoded = 0  # frames handed to the track
@@ -204,7 +207,7 @@ class LoopDecoder:
             self.empty += 1
             return
         if self._decoder is None or codec.name != self._codec_name:
-            self._decoder, self._codec_name = get_decoder(codec), codec.name
+            self._decoder, self._codec_name = self._decoder_for(codec), codec.name
         try:
             frames = self._decoder.decode(encoded)
         except Exception as exc:  # keep the decoder, skip the frame (as aiortc's thread does)
@@ -220,9 +223,10 @@ class LoopDecoder:
         self.decoded += len(frames)
 
 
-def decode_in_loop(receiver: RTCRtpReceiver) -> LoopDecoder:
-    """Have `receiver` decode its packets in the event loop rather than in its thread (again:
-    the decoder it has)."""
+def decode_in_loop(receiver: RTCRtpReceiver, decoder_for: DecoderFor = get_decoder
+                   ) -> LoopDecoder:
+    """Have `receiver` decode its packets in the event loop rather than in its thread, with
+    `decoder_for(codec)` (aiortc's decoders by default); again: the decoder it has."""
     decoder = loop_decoder(receiver)
     if decoder is not None:
         return decoder
@@ -232,7 +236,7 @@ def decode_in_loop(receiver: RTCRtpReceiver) -> LoopDecoder:
     if frames is None:
         raise AiortcInternalsError(f"aiortc {AIORTC_VERSION}'s RTCRtpReceiver.track is not a "
                                    "RemoteStreamTrack (its decoded frames' queue)")
-    decoder = LoopDecoder(thread_queue, frames, receiver.track.kind)
+    decoder = LoopDecoder(thread_queue, frames, receiver.track.kind, decoder_for)
     setattr(receiver, _DECODER_QUEUE, decoder)
     return decoder
 

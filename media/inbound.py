@@ -39,6 +39,7 @@ class InboundAudio:
         self._resampler: av.AudioResampler | None = None
         self._source: tuple[str, str, int] | None = None  # (format, layout, rate) of the input
         self._carry = np.zeros(0, dtype=np.int16)  # < FRAME_SAMPLES samples left over
+        self._aligned = False  # the new resampler's first output was padded to a whole frame
         self._frames_in = 0
         self._frames_out = 0
         self._frames_dropped = 0
@@ -103,6 +104,7 @@ class InboundAudio:
                 logger.info("inbound audio changed from %s to %s", self._source, source)
             self._source = source
             self._resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+            self._aligned = False
             return tail + self._convert(frame)
         return self._convert(frame)
 
@@ -126,13 +128,27 @@ class InboundAudio:
         pieces = [p for p in pieces if p.size]
         if not pieces:
             return
+        if not self._aligned:
+            # A resampler's first output is short of a frame by its filter's delay (304 of 320
+            # samples from 48 kHz, 288 from 8 kHz), then a whole frame per frame. Padded once
+            # in front, each later frame goes out whole as it comes; kept instead, the carry
+            # would hold back every frame, and the VAD's every decision, by 19 ms.
+            self._aligned = True
+            short = -(len(self._carry) + sum(len(p) for p in pieces)) % FRAME_SAMPLES
+            pieces.insert(0, np.zeros(short, dtype=np.int16))
+        if not self._carry.size and len(pieces) == 1 and len(pieces[0]) == FRAME_SAMPLES:
+            self._send(pieces[0])  # the common case: one whole frame, nothing carried
+            return
         samples = np.concatenate([self._carry, *pieces])
         whole = len(samples) // FRAME_SAMPLES * FRAME_SAMPLES
         # Copied so the carry does not pin the whole block in memory.
         self._carry = samples[whole:].copy()
         for begin in range(0, whole, FRAME_SAMPLES):
-            self._frames_out += 1
-            try:
-                self._on_frame(samples[begin:begin + FRAME_SAMPLES])
-            except Exception:  # the consumer's failure must not stop the draining
-                logger.exception("on_frame failed for inbound frame %d", self._frames_out)
+            self._send(samples[begin:begin + FRAME_SAMPLES])
+
+    def _send(self, frame: np.ndarray) -> None:
+        self._frames_out += 1
+        try:
+            self._on_frame(frame)
+        except Exception:  # the consumer's failure must not stop the draining
+            logger.exception("on_frame failed for inbound frame %d", self._frames_out)

@@ -1,4 +1,5 @@
-"""Opus for the agent's voice: mono, CELT only, at a voice's bitrate, without resampling.
+"""Opus for voices: the agent's coded mono, CELT only, at a voice's bitrate, without
+resampling; the caller's decoded to mono.
 
 aiortc's own Opus encoder passes every frame through a resampler to stereo (a filter graph and
 a FIFO) and codes it at 96 kbit/s in libopus's voip mode at complexity 10. The agent's voice
@@ -11,6 +12,10 @@ libopus's restricted low-delay mode codes with CELT alone: 2.5 ms less look-ahea
 voip mode, and 20 ms of digital silence in 3 bytes, which `omnivox bench calls`' light callers
 rely on to tell silence from speech without decoding (agent/bench/light_caller.py); the voip
 mode took 55 bytes for it at this bitrate.
+
+aiortc's Opus decoder gives stereo, which the inbound path (media/inbound.py) then mixes down
+to the VAD's 16 kHz mono: decoding to mono in libopus costs less (27 against 36 us a frame
+here) and leaves the resampler half the samples. A stereo caller is mixed down by libopus.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from __future__ import annotations
 import fractions
 
 import av
+from aiortc.codecs.base import Decoder
+from aiortc.jitterbuffer import JitterFrame
+from av.frame import Frame
 
 from media.outbound import FRAME_SAMPLES, SAMPLE_RATE
 
@@ -57,3 +65,24 @@ class VoiceOpusEncoder:
         timestamp = self._packets * RTP_STEP
         self._packets += len(payloads)
         return payloads, timestamp
+
+
+class VoiceOpusDecoder(Decoder):
+    """One caller's Opus decoder: packets in, 48 kHz mono s16 frames out."""
+
+    def __init__(self) -> None:
+        codec = av.CodecContext.create("libopus", "r")
+        assert isinstance(codec, av.AudioCodecContext)
+        codec.format = "s16"
+        codec.layout = "mono"
+        codec.sample_rate = SAMPLE_RATE
+        self.codec = codec
+
+    def decode(self, encoded_frame: JitterFrame) -> list[Frame]:
+        packet = av.Packet(encoded_frame.data)
+        packet.pts = encoded_frame.timestamp
+        packet.time_base = _RTP_TIME_BASE
+        return list(self.codec.decode(packet))
+
+
+_RTP_TIME_BASE = fractions.Fraction(1, RTP_CLOCK)

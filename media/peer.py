@@ -16,6 +16,8 @@ from aiortc import (
     RTCSctpTransport,
     RTCSessionDescription,
 )
+from aiortc.codecs import get_decoder
+from aiortc.codecs.base import Decoder
 from aiortc.rtcsctptransport import WEBRTC_BINARY, WEBRTC_STRING
 from aiortc.rtp import RtpPacket
 
@@ -31,6 +33,7 @@ from media.aiortc_internals import (
     wrap_data_channel_receive,
 )
 from media.dtmf import TELEPHONE_EVENT, DtmfDecoder, DtmfSender
+from media.opus_voice import VoiceOpusDecoder
 from media.sdp import AUDIO_CODECS, without_mdns_candidates
 
 log = logging.getLogger(__name__)
@@ -86,14 +89,23 @@ def hold_inbound_audio(pc: RTCPeerConnection, packets: int) -> None:
     cost 60 ms more than 1. aiortc takes no setting for it, so its receiver's buffer is
     replaced before the first packet arrives (call this before the connection is up).
     aiortc's decoder thread hands every decoded 20 ms frame back to the loop as a task of its
-    own, which costs more than decoding it in the loop (media/aiortc_internals.py).
+    own, which costs more than decoding it in the loop (media/aiortc_internals.py). Opus is
+    decoded to mono: the VAD hears mono (media/opus_voice.py).
     """
     if not 1 <= packets <= JITTER_CAPACITY:
         raise ValueError(f"inbound audio packets held must be 1..{JITTER_CAPACITY}, got {packets}")
     for transceiver in pc.getTransceivers():
         if transceiver.kind == "audio":
             replace_jitter_buffer(transceiver.receiver, JITTER_CAPACITY, prefetch=packets)
-            decode_in_loop(transceiver.receiver)
+            decode_in_loop(transceiver.receiver, inbound_decoder)
+
+
+def inbound_decoder(codec: RTCRtpCodecParameters) -> Decoder:
+    """The decoder of the caller's audio: Opus to mono, others aiortc's."""
+    if codec.name.lower() == "opus":
+        return VoiceOpusDecoder()
+    decoder: Decoder = get_decoder(codec)
+    return decoder
 
 
 JITTER_CAPACITY = 16  # aiortc's own for audio: 320 ms of 20 ms packets

@@ -184,3 +184,37 @@ async def test_media_player_wav_track(tmp_path_factory: pytest.TempPathFactory) 
     assert expected - 3 * FRAME_SAMPLES <= len(audio) <= expected
     assert inbound.frames_in > 0
     assert best_correlation(audio, reference) > 0.9
+
+
+def onset_frames(rate: int, silent: int, loud: int) -> list[av.AudioFrame]:
+    """`silent` 20 ms frames of zeros, then `loud` of a 400 Hz tone at -12 dBFS (mono s16)."""
+    step = rate // 50
+    t = np.arange(loud * step) / rate
+    pcm = np.concatenate([np.zeros(silent * step),
+                          np.sin(2 * np.pi * 400 * t) * 8000]).astype(np.int16)
+    frames = []
+    for n in range(silent + loud):
+        frame = av.AudioFrame.from_ndarray(pcm[n * step:(n + 1) * step].reshape(1, -1),
+                                           format="s16", layout="mono")
+        frame.sample_rate, frame.pts = rate, n * step
+        frame.time_base = fractions.Fraction(1, rate)
+        frames.append(frame)
+    return frames
+
+
+@pytest.mark.parametrize("rate", [48_000, 8_000])
+async def test_each_frame_is_handed_on_with_the_frame_it_came_in(rate: int) -> None:
+    """The 16 kHz frame made of input frame n is handed on as frame n, not a frame later: the
+    resampler's first output is short of a frame, and carrying the rest would hold every later
+    frame (and so the VAD's every decision) back by 19 ms."""
+    frames = onset_frames(rate, silent=10, loud=5)
+    out: list[tuple[int, float]] = []
+    track = FrameTrack(frames)
+    inbound = InboundAudio(track, lambda f: out.append(
+        (inbound.frames_in, float(np.sqrt(np.mean(f.astype(np.float64) ** 2))))))
+    await inbound.run()
+    by_input = dict(out)  # input frames read when each output frame was handed on
+    tone_rms = 8000 / np.sqrt(2)
+    assert by_input[10] < 0.05 * tone_rms  # the last silent frame, as it came in
+    loud_first = [rms for n, rms in out if n == 11]  # made as the first loud frame came in
+    assert loud_first and loud_first[0] > 0.8 * tone_rms, out[8:13]

@@ -1,19 +1,23 @@
 """The voice's own Opus encoder (media/opus_voice.py) against aiortc's Opus decoder, which every
 aiortc caller uses: a tone comes back as that tone, packets are stamped 960 apart on the RTP
-clock, digital silence stays small enough for the light callers to tell from sound. What it
-saves is measured by `omnivox bench calls` (README, What a call costs), not here."""
+clock, digital silence stays small enough for the light callers to tell from sound. The
+caller's mono decoder against both encoders. What they save is measured by `omnivox bench
+calls` (README, What a call costs), not here."""
 
 from __future__ import annotations
 
 import av
 import numpy as np
 import pytest
-from aiortc.codecs.opus import OpusDecoder
+from aiortc import RTCRtpCodecParameters
+from aiortc.codecs.g711 import PcmuDecoder
+from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
 
 from agent.bench.light_caller import SILENT_MAX_BYTES
-from media.opus_voice import RTP_STEP, VoiceOpusEncoder
+from media.opus_voice import RTP_STEP, VoiceOpusDecoder, VoiceOpusEncoder
 from media.outbound import FRAME_SAMPLES, SAMPLE_RATE
+from media.peer import inbound_decoder
 
 TONE_HZ = 440.0
 
@@ -34,6 +38,13 @@ def tone(seconds: float) -> np.ndarray:
     return (np.sin(2 * np.pi * TONE_HZ * t) * 8000).astype(np.int16)
 
 
+def assert_the_tone(heard: list[np.ndarray]) -> None:
+    pcm = np.concatenate(heard)[48_000 // 10:].astype(np.float64)  # past the codec's start
+    spectrum = np.abs(np.fft.rfft(pcm))
+    assert abs(np.fft.rfftfreq(len(pcm), 1 / 48_000)[int(np.argmax(spectrum))] - TONE_HZ) < 5
+    assert 0.6 < np.sqrt(np.mean(pcm**2)) / (8000 / np.sqrt(2)) < 1.4  # the tone's level
+
+
 def test_a_tone_comes_back_through_aiortcs_decoder_as_that_tone() -> None:
     encoder, decoder = VoiceOpusEncoder(), OpusDecoder()
     stamps, heard = [], []
@@ -44,10 +55,30 @@ def test_a_tone_comes_back_through_aiortcs_decoder_as_that_tone() -> None:
         for decoded in decoder.decode(JitterFrame(data=payloads[0], timestamp=timestamp)):
             heard.append(decoded.to_ndarray().reshape(-1, 2)[:, 0])  # stereo s16
     assert np.all(np.diff(stamps) == RTP_STEP) and stamps[0] == 0
-    pcm = np.concatenate(heard)[48_000 // 10:].astype(np.float64)  # past the codec's start
-    spectrum = np.abs(np.fft.rfft(pcm))
-    assert abs(np.fft.rfftfreq(len(pcm), 1 / 48_000)[int(np.argmax(spectrum))] - TONE_HZ) < 5
-    assert 0.6 < np.sqrt(np.mean(pcm**2)) / (8000 / np.sqrt(2)) < 1.4  # the tone's level
+    assert_the_tone(heard)
+
+
+@pytest.mark.parametrize("encoder", [VoiceOpusEncoder, OpusEncoder],
+                         ids=["mono voice", "aiortc's stereo"])
+def test_the_callers_decoder_hears_the_tone_in_mono(encoder: type) -> None:
+    """What a caller sends, mono (the voice's encoder, browsers) or stereo (aiortc's), comes out
+    of the caller's decoder as mono 48 kHz frames of that tone."""
+    coder, decoder = encoder(), VoiceOpusDecoder()
+    heard = []
+    for frame in frames_of(tone(1.0)):
+        payloads, timestamp = coder.encode(frame)
+        for payload in payloads:
+            for decoded in decoder.decode(JitterFrame(data=payload, timestamp=timestamp)):
+                assert (decoded.layout.name, decoded.sample_rate) == ("mono", SAMPLE_RATE)
+                heard.append(decoded.to_ndarray().reshape(-1))
+    assert_the_tone(heard)
+
+
+def test_the_server_decodes_opus_with_the_mono_decoder_and_g711_with_aiortcs() -> None:
+    opus = RTCRtpCodecParameters(mimeType="audio/opus", clockRate=48_000, channels=2)
+    pcmu = RTCRtpCodecParameters(mimeType="audio/PCMU", clockRate=8_000)
+    assert isinstance(inbound_decoder(opus), VoiceOpusDecoder)
+    assert isinstance(inbound_decoder(pcmu), PcmuDecoder)
 
 
 def test_digital_silence_codes_small_enough_for_the_light_callers() -> None:
