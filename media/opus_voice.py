@@ -11,7 +11,14 @@ second, silence included, in the event loop (media/encoded_audio.py).
 libopus's restricted low-delay mode codes with CELT alone: 2.5 ms less look-ahead than the
 voip mode, and 20 ms of digital silence in 3 bytes, which `omnivox bench calls`' light callers
 rely on to tell silence from speech without decoding (agent/bench/light_caller.py); the voip
-mode took 55 bytes for it at this bitrate.
+mode took 55 bytes for it at this bitrate. Coding it still cost 46 us a frame, and a call is
+mostly the agent's silence (it listens, then thinks), so once the encoder has coded it to the
+same packet SILENCE_SETTLED times in a row, that packet is sent again for each further frame of
+it without coding: CELT keeps no state from a silent frame that the caller's decoder and the
+encoder would need to share (its band energies are reset on both sides), so the voice after it
+decodes as cleanly (tests/test_opus_voice.py), and Chromium hears it (tests/test_browser_agent.py).
+An earlier try at this, with aiortc's voip-mode encoder (SILK, whose frames do depend on each
+other), left Chromium hearing nothing.
 
 aiortc's Opus decoder gives stereo, which the inbound path (media/inbound.py) then mixes down
 to the VAD's 16 kHz mono: decoding to mono in libopus costs less (27 against 36 us a frame
@@ -23,6 +30,7 @@ from __future__ import annotations
 import fractions
 
 import av
+import numpy as np
 from aiortc.codecs.base import Decoder
 from aiortc.jitterbuffer import JitterFrame
 from av.frame import Frame
@@ -33,13 +41,17 @@ BITRATE = 48_000  # bit/s: fullband mono speech (aiortc sends 96,000 for stereo)
 COMPLEXITY = 5  # libopus 0-10: 10 cost 113 us a spoken frame here, for a voice
 RTP_CLOCK = 48_000  # Opus over RTP always counts 48 kHz (RFC 7587), whatever was coded
 RTP_STEP = RTP_CLOCK * FRAME_SAMPLES // SAMPLE_RATE  # 960 per 20 ms packet
+# Digital silence coded to this many identical packets in a row is settled: the encoder's state
+# no longer changes with more of it, so the packet is sent again without coding the frame.
+SILENCE_SETTLED = 5
 
 
 class VoiceOpusEncoder:
     """One call's Opus encoder: the outbound track's mono int16 frames in, one packet out per
     frame, stamped by its count on the RTP clock."""
 
-    def __init__(self, bitrate: int = BITRATE, complexity: int = COMPLEXITY) -> None:
+    def __init__(self, bitrate: int = BITRATE, complexity: int = COMPLEXITY,
+                 reuse_silence: bool = True) -> None:
         codec = av.CodecContext.create("libopus", "w")
         assert isinstance(codec, av.AudioCodecContext)
         codec.bit_rate = bitrate
@@ -52,6 +64,10 @@ class VoiceOpusEncoder:
         codec.open()
         self.codec = codec
         self._packets = 0  # sent so far: the next packet's timestamp is this many steps
+        self._reuse_silence = reuse_silence
+        self._silent: bytes | None = None  # the last packet coded from digital silence
+        self._silent_run = 0  # identical packets of it in a row
+        self.reused = 0  # silent frames sent as the settled packet, not coded
 
     def encode(self, frame: av.AudioFrame,
                force_keyframe: bool = False) -> tuple[list[bytes], int]:
@@ -61,10 +77,24 @@ class VoiceOpusEncoder:
             raise ValueError(f"the voice's Opus encoder takes {FRAME_SAMPLES} samples of "
                              f"{SAMPLE_RATE} Hz mono s16, got {frame.samples} of "
                              f"{frame.sample_rate} Hz {frame.layout.name} {frame.format.name}")
-        payloads = [bytes(packet) for packet in self.codec.encode(frame)]
+        silent = not np.frombuffer(memoryview(frame.planes[0]), np.int16, FRAME_SAMPLES).any()
+        if silent and self._silent is not None and self._silent_run >= SILENCE_SETTLED:
+            payloads = [self._silent]
+            self.reused += 1
+        else:
+            payloads = [bytes(packet) for packet in self.codec.encode(frame)]
+            self._count_silence(silent, payloads)
         timestamp = self._packets * RTP_STEP
         self._packets += len(payloads)
         return payloads, timestamp
+
+    def _count_silence(self, silent: bool, payloads: list[bytes]) -> None:
+        if not (silent and self._reuse_silence and len(payloads) == 1):
+            self._silent, self._silent_run = None, 0
+        elif payloads[0] == self._silent:
+            self._silent_run += 1
+        else:
+            self._silent, self._silent_run = payloads[0], 1
 
 
 class VoiceOpusDecoder(Decoder):

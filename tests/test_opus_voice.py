@@ -58,6 +58,39 @@ def test_a_tone_comes_back_through_aiortcs_decoder_as_that_tone() -> None:
     assert_the_tone(heard)
 
 
+def tone_snr_db(heard: np.ndarray, sent: np.ndarray, begin: int, end: int) -> float:
+    """How far `heard` (decoded, 48 kHz) is from `sent` over [begin, end), in dB."""
+    delay = 120  # the restricted low-delay mode's 2.5 ms
+    got = heard[begin + delay:end + delay].astype(np.float64)
+    want = sent[begin:end].astype(np.float64)
+    return float(10 * np.log10(np.sum(want**2) / np.sum((want - got) ** 2)))
+
+
+def test_settled_silence_is_sent_again_uncoded_and_the_voice_after_it_is_as_clear() -> None:
+    """Silence sent as its settled packet, not coded: the packets the caller gets for it are the
+    ones coding would give, and the tone after the silence decodes as cleanly as when every
+    frame is coded (the caller's decoder and the encoder still agree)."""
+    pcm = np.concatenate([tone(0.5), np.zeros(SAMPLE_RATE, np.int16), tone(0.5)])
+    sent: dict[bool, list[bytes]] = {}
+    heard: dict[bool, np.ndarray] = {}
+    for reuse in (True, False):
+        encoder, decoder = VoiceOpusEncoder(reuse_silence=reuse), VoiceOpusDecoder()
+        sent[reuse], decoded = [], []
+        for frame in frames_of(pcm):
+            payloads, timestamp = encoder.encode(frame)
+            sent[reuse] += payloads
+            decoded += [f.to_ndarray().reshape(-1)
+                        for f in decoder.decode(JitterFrame(payloads[0], timestamp))]
+        heard[reuse] = np.concatenate(decoded)
+        assert (encoder.reused > 25) is reuse, encoder.reused  # of the 50 silent frames
+    silence = slice(25 + 15, 75)  # past the tone's tail
+    assert sent[True][silence] == sent[False][silence]
+    second = (SAMPLE_RATE * 3 // 2 + 4_800, SAMPLE_RATE * 2 - 240)  # past its onset
+    clear = tone_snr_db(heard[False], pcm, *second)
+    assert clear > 30, clear
+    assert tone_snr_db(heard[True], pcm, *second) > clear - 1
+
+
 @pytest.mark.parametrize("encoder", [VoiceOpusEncoder, OpusEncoder],
                          ids=["mono voice", "aiortc's stereo"])
 def test_the_callers_decoder_hears_the_tone_in_mono(encoder: type) -> None:
