@@ -41,8 +41,9 @@ BITRATE = 48_000  # bit/s: fullband mono speech (aiortc sends 96,000 for stereo)
 COMPLEXITY = 5  # libopus 0-10: 10 cost 113 us a spoken frame here, for a voice
 RTP_CLOCK = 48_000  # Opus over RTP always counts 48 kHz (RFC 7587), whatever was coded
 RTP_STEP = RTP_CLOCK * FRAME_SAMPLES // SAMPLE_RATE  # 960 per 20 ms packet
-# Digital silence coded to this many identical packets in a row is settled: the encoder's state
-# no longer changes with more of it, so the packet is sent again without coding the frame.
+_RTP_TIME_BASE = fractions.Fraction(1, RTP_CLOCK)
+# Digital silence coded to this many identical packets in a row has settled (the tail of the
+# voice before it is gone): the packet is sent again for more of it, without coding the frame.
 SILENCE_SETTLED = 5
 
 
@@ -114,5 +115,3 @@ class VoiceOpusDecoder(Decoder):
         packet.time_base = _RTP_TIME_BASE
         return list(self.codec.decode(packet))
 
-
-_RTP_TIME_BASE = fractions.Fraction(1, RTP_CLOCK)
