@@ -39,7 +39,6 @@ class InboundAudio:
         self._resampler: av.AudioResampler | None = None
         self._source: tuple[str, str, int] | None = None  # (format, layout, rate) of the input
         self._carry = np.zeros(0, dtype=np.int16)  # < FRAME_SAMPLES samples left over
-        self._aligned = False  # the new resampler's first output was padded to a whole frame
         self._frames_in = 0
         self._frames_out = 0
         self._frames_dropped = 0
@@ -104,9 +103,18 @@ class InboundAudio:
                 logger.info("inbound audio changed from %s to %s", self._source, source)
             self._source = source
             self._resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
-            self._aligned = False
-            return tail + self._convert(frame)
+            first = self._convert(frame)
+            return [*tail, self._padding(tail + first), *first]
         return self._convert(frame)
+
+    def _padding(self, pieces: list[np.ndarray]) -> np.ndarray:
+        """Zeros that make the carry and `pieces` whole frames. A new resampler's first output
+        is short of a frame by its filter's delay (304 of 320 samples from 48 kHz, 288 from
+        8 kHz), then a whole frame per frame: padded once where it starts, each later frame
+        goes out whole as it comes. Carried instead, the remainder would hold every frame, and
+        the VAD's every decision, back by 19 ms."""
+        short = -(len(self._carry) + sum(len(p) for p in pieces)) % FRAME_SAMPLES
+        return np.zeros(short, dtype=np.int16)
 
     def _convert(self, frame: av.AudioFrame | None) -> list[np.ndarray]:
         assert self._resampler is not None
@@ -128,14 +136,6 @@ class InboundAudio:
         pieces = [p for p in pieces if p.size]
         if not pieces:
             return
-        if not self._aligned:
-            # A resampler's first output is short of a frame by its filter's delay (304 of 320
-            # samples from 48 kHz, 288 from 8 kHz), then a whole frame per frame. Padded once
-            # in front, each later frame goes out whole as it comes; kept instead, the carry
-            # would hold back every frame, and the VAD's every decision, by 19 ms.
-            self._aligned = True
-            short = -(len(self._carry) + sum(len(p) for p in pieces)) % FRAME_SAMPLES
-            pieces.insert(0, np.zeros(short, dtype=np.int16))
         if not self._carry.size and len(pieces) == 1 and len(pieces[0]) == FRAME_SAMPLES:
             self._send(pieces[0])  # the common case: one whole frame, nothing carried
             return
