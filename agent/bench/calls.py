@@ -33,6 +33,8 @@ Levels of concurrency run one after the other on the same server; `--compare-seq
 runs the first level on a server whose stages run one after the other (no overlap).
 `--call-workers 1,2` runs the levels against a server started with each number of call
 workers and reports the calls each carried on time, and the ratio (agent/bench/scaling.py).
+`--call-plane-cpus 1` runs the started server's call plane alone on one CPU, everything else
+on the others (agent/bench/pinning.py), so its pacing is the call plane's own.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from agent.bench.calls_report import TARGETS, report, summarise
 from agent.bench.capacity import best_calls_per_core
 from agent.bench.level import Plan
 from agent.bench.load import run_level
+from agent.bench.pinning import pin_server, split_cpus
 from agent.bench.scaling import scaling, scaling_table
 from agent.bench.server import ServerProcess, ServerWatch, wait_calls_ended
 from agent.bench.speech import default_speech_dir, utterance_wavs
@@ -79,6 +82,7 @@ class Options:
     plots_dir: Path | None = None
     progress: bool = True
     call_workers: list[int] | None = None  # servers started with each count (scaling)
+    call_plane_cpus: int | None = None  # the started server's call plane on CPUs of its own
 
 
 def bench_calls(options: Options) -> dict[str, Any]:
@@ -95,11 +99,20 @@ def bench_calls(options: Options) -> dict[str, Any]:
                 codec=options.codec, api_key=options.api_key, callers=options.callers,
                 turn_detection=options.turn_detection, eagerness=options.eagerness)
 
+    pinned = None
+    if options.call_plane_cpus is not None:
+        if options.url is not None:
+            raise ValueError("--call-plane-cpus pins the server it starts: it takes no --url")
+        pinned = split_cpus(options.call_plane_cpus)
+        os.sched_setaffinity(0, pinned[1])  # the bench, its callers and servers: off the plane
+
     def sweep(url: str, pid: int | None, levels: list[int]) -> list[dict[str, Any]]:
         out = []
         with ServerWatch(url, pid, headers=headers) as watch:
             for n in levels:
                 wait_calls_ended(url, headers=headers)
+                if pinned is not None and pid is not None:
+                    pin_server(pid, *pinned)
                 run = run_level(replace(base, url=url, concurrency=n), workers, watch,
                                 options.progress)
                 out.append(summarise(run))
@@ -112,6 +125,7 @@ def bench_calls(options: Options) -> dict[str, Any]:
                               "workers": workers, "targets": TARGETS, "sequential": None,
                               "cascade_vs_sequential": None}
     result["calls_per_core"] = None
+    result["call_plane_cpus"] = sorted(pinned[0]) if pinned else None
     top = max(options.concurrency)
     if options.call_workers:
         if options.url is not None:
@@ -135,6 +149,9 @@ def bench_calls(options: Options) -> dict[str, Any]:
                            max_calls=top) as server:
             result["levels"] = sweep(server.url, server.pid, options.concurrency)
     result["calls_per_core"] = best_calls_per_core(result["levels"])
+    if pinned:
+        result["server_label"] += (f", its call plane alone on CPU(s) "
+                                   f"{', '.join(map(str, sorted(pinned[0])))}")
     if options.compare_sequential:
         first = min(options.concurrency)
         if options.sequential_url is not None:

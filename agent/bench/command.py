@@ -18,6 +18,7 @@ MODULE_BENCHES = {
     "gpu": "agent.bench.gpu",
     "answers": "agent.bench.answers",
     "turn-ends": "agent.bench.turn_ends",
+    "rtp": "agent.bench.rtp",
 }
 
 
@@ -89,6 +90,10 @@ def add_calls_parser(bench_cmd: Any) -> None:
                        dest="bench_call_workers", metavar="N,M",
                        help="start a server with each number of call workers, run the levels "
                        "on each, report the calls carried on time and the ratio")
+    calls.add_argument("--call-plane-cpus", type=int, default=None, metavar="K",
+                       help="run the started server's call plane (its API process and call "
+                       "workers) alone on K CPUs, and its engines, the bench and the callers "
+                       "on the others (agent/bench/pinning.py)")
     calls.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
     calls.add_argument("--plots", dest="plots_dir", type=Path, help="write PNG plots here")
     calls.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -151,6 +156,8 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         raise BenchUsageError("bench calls: --sequential-url goes with --url")
     if args.bench_call_workers and args.url:
         raise BenchUsageError("bench calls: --call-workers starts its own servers, no --url")
+    if args.call_plane_cpus is not None and args.url:
+        raise BenchUsageError("bench calls: --call-plane-cpus pins the server it starts, no --url")
     if args.eagerness and args.turn_detection != "semantic_vad":
         raise BenchUsageError("bench calls: --eagerness goes with --turn-detection semantic_vad")
     if args.url and args.compare_sequential and not args.sequential_url:
@@ -165,7 +172,8 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         compare_sequential=args.compare_sequential,
         sequential_url=args.sequential_url,
         speech_dir=args.speech_dir, json_path=args.json_path, plots_dir=args.plots_dir,
-        progress=not args.no_progress, call_workers=args.bench_call_workers))
+        progress=not args.no_progress, call_workers=args.bench_call_workers,
+        call_plane_cpus=args.call_plane_cpus))
 
 
 BENCHES = {"pipeline": bench_pipeline, "turn": bench_turn, "calls": bench_calls}
