@@ -55,14 +55,17 @@ def test_the_call_plane_and_the_rest_run_on_cpus_of_their_own() -> None:
 
 
 @pytest.mark.parametrize("plane_cpus", [0, len(CPUS)])
-def test_a_plane_that_leaves_no_cpu_for_the_rest_is_refused(plane_cpus: int) -> None:
-    with pytest.raises(ValueError, match="leaves no CPU for the rest"):
+def test_a_plane_without_a_cpu_or_leaving_none_for_the_rest_is_refused(plane_cpus: int) -> None:
+    with pytest.raises(ValueError, match=f"takes 1 to {len(CPUS) - 1}"):
         split_cpus(plane_cpus)
 
 
-def test_bench_calls_refuses_to_pin_a_server_it_did_not_start() -> None:
-    run = subprocess.run([sys.executable, "-m", "agent.cli", "bench", "calls", "--url",
-                          "http://127.0.0.1:9", "--call-plane-cpus", "1"],
+@pytest.mark.parametrize(("flags", "said"), [
+    (("--url", "http://127.0.0.1:9", "--call-plane-cpus", "1"), "pins the server it starts"),
+    (("--call-plane-cpus", str(len(CPUS))), f"takes 1 to {len(CPUS) - 1}"),
+])
+def test_bench_calls_refuses_what_it_cannot_pin(flags: tuple[str, ...], said: str) -> None:
+    run = subprocess.run([sys.executable, "-m", "agent.cli", "bench", "calls", *flags],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
-    assert "--call-plane-cpus pins the server it starts, no --url" in run.stderr
+    assert said in run.stderr

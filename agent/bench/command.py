@@ -156,8 +156,16 @@ def bench_calls(args: argparse.Namespace, settings: Settings) -> int:
         raise BenchUsageError("bench calls: --sequential-url goes with --url")
     if args.bench_call_workers and args.url:
         raise BenchUsageError("bench calls: --call-workers starts its own servers, no --url")
-    if args.call_plane_cpus is not None and args.url:
-        raise BenchUsageError("bench calls: --call-plane-cpus pins the server it starts, no --url")
+    if args.call_plane_cpus is not None:
+        if args.url:
+            raise BenchUsageError("bench calls: --call-plane-cpus pins the server it starts, "
+                                  "no --url")
+        from agent.bench.pinning import split_cpus
+
+        try:
+            split_cpus(args.call_plane_cpus)
+        except ValueError as exc:
+            raise BenchUsageError(f"bench calls: {exc}") from None
     if args.eagerness and args.turn_detection != "semantic_vad":
         raise BenchUsageError("bench calls: --eagerness goes with --turn-detection semantic_vad")
     if args.url and args.compare_sequential and not args.sequential_url:

@@ -27,8 +27,9 @@ def split_cpus(plane_cpus: int) -> tuple[set[int], set[int]]:
     """(the call plane's CPUs, the others'): the first `plane_cpus` this process may use."""
     cpus = sorted(os.sched_getaffinity(0))
     if not 0 < plane_cpus < len(cpus):
-        raise ValueError(f"--call-plane-cpus {plane_cpus} leaves no CPU for the rest: this "
-                         f"process may use {len(cpus)} ({', '.join(map(str, cpus))})")
+        raise ValueError(f"--call-plane-cpus takes 1 to {len(cpus) - 1}, a CPU at least for "
+                         f"the plane and one for the rest, of the {len(cpus)} this process may "
+                         f"use ({', '.join(map(str, cpus))}), not {plane_cpus}")
     return set(cpus[:plane_cpus]), set(cpus[plane_cpus:])
 
 
