@@ -29,6 +29,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection
 from aiortc.rtp import RtpPacket
 from uvicorn.loops.auto import auto_loop_factory
 
+from agent.bench.command import concurrency_levels
 from agent.bench.light_caller import PacketMicrophone, encode_opus
 from agent.bench.speech import MIC_RATE
 from media.aiortc_internals import take_rtp_packets
@@ -120,8 +121,8 @@ def add_parser(bench_cmd: Any) -> None:
     """`omnivox bench rtp`'s flags."""
     rtp = bench_cmd.add_parser(
         "rtp", help="aiortc's per-packet path alone: CPU per packet of loopback peer pairs")
-    rtp.add_argument("--pairs", default=",".join(map(str, DEFAULT_PAIRS)),
-                     help="peer pairs per level, comma-separated (default: %(default)s)")
+    rtp.add_argument("--pairs", type=concurrency_levels, default=list(DEFAULT_PAIRS),
+                     help="peer pairs per level, comma-separated (default: 1,4,8,16)")
     rtp.add_argument("--seconds", type=float, default=10.0,
                      help="measured per level, after the pairs settle (default: %(default)s)")
     rtp.add_argument("--json", dest="json_path", type=Path, help="also write the figures here")
@@ -129,15 +130,14 @@ def add_parser(bench_cmd: Any) -> None:
 
 def command(args: Any, settings: Any) -> int:
     """`omnivox bench rtp` from its parsed flags."""
-    levels = [int(n) for n in args.pairs.split(",") if n.strip()]
-    if not levels or min(levels) < 1 or args.seconds <= 0:
-        print("omnivox bench rtp: --pairs takes positive counts, --seconds a positive time")
+    if args.seconds <= 0:
+        print(f"omnivox bench rtp: --seconds takes a positive time, not {args.seconds:g}")
         return 2
     for chatty in ("aioice", "aiortc"):  # every pair's ICE and DTLS steps: not the figures
         logging.getLogger(chatty).setLevel(logging.WARNING)
     with asyncio.Runner(loop_factory=auto_loop_factory()) as runner:
         loop = type(runner.get_loop())
-        results = runner.run(run_levels(levels, args.seconds))
+        results = runner.run(run_levels(args.pairs, args.seconds))
     print(f"omnivox bench rtp: aiortc peer pairs on loopback in one process ({loop.__module__}), "
           "a 20 ms Opus packet each way per pair; CPU of this process per packet (one send "
           "and one receive)")
