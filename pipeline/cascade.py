@@ -37,8 +37,9 @@ class Piece:
 
     text: str
     token_ids: tuple[int, ...] = ()
-    # (len(token_ids), hidden): an array, or a CUDA IPC export of one (read only by the Talker)
-    embeds: np.ndarray | CudaIpcRef | None = None
+    # (len(token_ids), hidden) in pieces along dim 0: arrays, or CUDA IPC exports of them
+    # (read only by the Talker); empty: none
+    embeds: tuple[np.ndarray | CudaIpcRef, ...] = ()
     prompt_rows: int = 0  # leading rows of embeds that are the Thinker's prompt part
 
 
@@ -135,14 +136,14 @@ def _join_arrays(pieces: list[Piece]) -> tuple[np.ndarray | CudaIpcRef, ...]:
     """The pieces' embeddings in order, each run of arrays joined into one (one copy)."""
     parts: list[np.ndarray | CudaIpcRef] = []
     run: list[np.ndarray] = []
-    for piece in pieces:
-        if isinstance(piece.embeds, CudaIpcRef):
+    for part in (part for piece in pieces for part in piece.embeds):
+        if isinstance(part, CudaIpcRef):
             if run:
                 parts.append(np.concatenate(run))
                 run = []
-            parts.append(piece.embeds)
-        elif piece.embeds is not None and len(piece.embeds):
-            run.append(piece.embeds)
+            parts.append(part)
+        elif len(part):
+            run.append(part)
     if run:
         parts.append(np.concatenate(run))
     return tuple(parts)

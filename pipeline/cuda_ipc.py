@@ -9,8 +9,9 @@ the device straight into a block). torch is imported lazily, so the API process 
 these messages without it.
 
 The route in the stage transport (the Thinker's embeddings, read by the Talker):
-1. The Thinker's `ctx.send_tensor(t)` exports `t` (a `CudaIpcRef` naming the stage) when the
-   tensor is on CUDA and the pipeline's `cuda_ipc` setting is on; otherwise `t` goes into a block.
+1. The Thinker's `ctx.send_rows(t)` exports `t` (a `CudaIpcRef` naming the stage) when the
+   tensor is on CUDA and the pipeline's `cuda_ipc` setting is on; otherwise `t`'s rows go into
+   as many blocks as they need.
 2. The API process cannot read an export (it never imports torch): the turn keeps the refs and
    passes them on, in order, in the Talker job's list of tensor pieces (`TalkerJob.text_embeds`).
 3. The Talker's worker maps the job's exports as the job arrives (`CudaIpcImports.open`), the

@@ -4,9 +4,10 @@ The pipeline (`orchestrator.Pipeline`, in the API process) creates one POSIX sha
 segment at start: a header every process reads and writes (per block: state, owner tag,
 generation), then the data blocks. The stage workers attach by name. A writer leases a free
 block and computes the tensor straight into it (`lease`; `write`/`put` copy in a tensor it
-already has), then sends only a `BlockRef` on the control channel; the reader maps a zero-copy
-view and releases the block after its last read. A full pool is back-pressure (a wait, then
-`PoolExhaustedError`), never a copy or a new allocation."""
+already has, `put_rows` rows over as many blocks as they need), then sends only `BlockRef`s on
+the control channel; the reader maps a zero-copy view and releases the block after its last
+read. A full pool is back-pressure (a wait, then `PoolExhaustedError`), never a copy or a new
+allocation."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ class StaleBlockError(RuntimeError):
 
 
 class TensorTooLargeError(ValueError):
-    """A tensor bigger than one block: the pool's blocks are sized for the largest tensor."""
+    """A tensor bigger than one block: the pool's blocks are sized for the largest tensor (rows
+    of any number go in several: `BlockPool.put_rows`)."""
 
 
 class BlockPool:
@@ -216,6 +218,35 @@ class BlockPool:
 
             copy.add_done_callback(give_back)
             raise
+
+    async def put_rows(self, array: np.ndarray | torch.Tensor, timeout: float) -> list[BlockRef]:
+        """`array` cut along dim 0 into pieces that each fit a block (`row_slices`), each put
+        as `put` does: how rows of any number cross, a reader joining the pieces in order.
+        Waits up to `timeout` for each block; if a piece fails, those put before it are
+        released, so nothing is left held."""
+        nbytes, _, shape = describe(array)
+        if not shape:
+            raise ValueError("rows need a tensor of at least one dimension, got a scalar")
+        refs: list[BlockRef] = []
+        try:
+            for rows in self.row_slices(shape[0], nbytes // max(shape[0], 1)):
+                refs.append(await self.put(array[rows], timeout))
+        except BaseException:
+            for ref in refs:
+                self.release(ref)
+            raise
+        return refs
+
+    def row_slices(self, rows: int, row_bytes: int) -> list[slice]:
+        """Consecutive runs of `rows` rows of `row_bytes` each, every run filling at most one
+        block: the pieces a tensor of rows is sent in (none for no rows). A single row larger
+        than a block fits no piece: TensorTooLargeError."""
+        if row_bytes > self.block_size:
+            raise TensorTooLargeError(
+                f"a row of {row_bytes} bytes does not fit a block of {self.block_size} bytes "
+                f"in pool {self.name!r}: raise the pipeline's pool.block_size setting")
+        per_block = self.block_size // row_bytes if row_bytes else max(rows, 1)
+        return [slice(start, start + per_block) for start in range(0, rows, per_block)]
 
     def view(self, ref: BlockRef) -> np.ndarray:
         """A zero-copy numpy view of the tensor in `ref`'s block; this owner now holds it."""

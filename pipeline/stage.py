@@ -56,8 +56,9 @@ class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):
     request_id: str
     text: str = ""  # text delta
     token_ids: list[int] = []
-    # (len(token_ids), hidden) float32: embeddings of these tokens (`StageContext.send_tensor`)
-    embeds: TensorRef | None = None
+    # (prompt_rows + len(token_ids), hidden) float32: these tokens' embeddings, in pieces
+    # joined along dim 0 (`StageContext.send_rows`: as many blocks as the rows need); empty: none
+    embeds: list[TensorRef] = []
     transcript: str | None = None  # what the caller said, when the family recognises speech
     # With the transcript, when the job asked: the probability that the caller's turn ends
     # with these words (the Thinker's end-of-turn token after them)
@@ -101,6 +102,10 @@ class VoiceBoxJob(msgspec.Struct, frozen=True, tag="voicebox_job"):
     request_id: str
     tokens: list[int]
     voice: str = "default"
+    # More of the turn's tokens follow in later jobs: a VoiceBox that renders with lookahead
+    # may hold back this job's last tokens for them. The turn's closing job (no tokens,
+    # more=False) voices what is held back; a VoiceBox holding nothing answers it empty.
+    more: bool = False
 
 
 class VoiceBoxOutput(msgspec.Struct, frozen=True, tag="voicebox_out"):
@@ -125,7 +130,7 @@ def job_tensors(job: Job) -> list[TensorRef]:
 
 def output_tensors(output: Output) -> list[TensorRef]:
     """The tensors an output holds (what must be given back if nobody reads it)."""
-    refs = (getattr(output, "embeds", None), getattr(output, "pcm", None))
+    refs = [*getattr(output, "embeds", ()), getattr(output, "pcm", None)]
     return [ref for ref in refs if ref is not None]
 
 
@@ -179,6 +184,16 @@ class StageContext:
         output holding it at once: the runtime gives back what an output it could not send
         holds, but a ref the stage drops before yielding stays taken until the worker ends."""
         return await self.sender.send(tensor, self.pool_timeout_s)
+
+    async def send_rows(self, tensor: np.ndarray | torch.Tensor) -> list[TensorRef]:
+        """The refs to put in an output for an (n, width) tensor of rows another stage reads,
+        pieces it joins along dim 0 (`take_tensors`): one CUDA IPC export where `send_tensor`
+        would make one, else the rows cut over as many blocks as they need
+        (`BlockPool.put_rows`), so that no number of rows outgrows the pool's blocks. Each
+        block waits up to `pool_timeout_s` for room; the rules of `send_tensor` hold."""
+        if self.sender.uses_cuda_ipc(tensor):
+            return [await self.sender.send(tensor, self.pool_timeout_s)]
+        return [*await self.pool.put_rows(tensor, self.pool_timeout_s)]
 
     def take_tensors(self, refs: Sequence[TensorRef]) -> np.ndarray | torch.Tensor:
         """A job's tensor pieces joined along dim 0, each given back: how a stage consumes them.

@@ -12,7 +12,7 @@ from contextlib import aclosing
 
 from pipeline.client import StageClient, release_quietly
 from pipeline.cuda_ipc import CudaIpcRef
-from pipeline.shm import BlockPool
+from pipeline.shm import BlockPool, BlockRef
 from pipeline.stage import ThinkerJob, ThinkerOutput
 
 
@@ -31,7 +31,8 @@ async def generate_text(client: StageClient, pool: BlockPool, job: ThinkerJob
 
 def _give_back(client: StageClient, pool: BlockPool, output: ThinkerOutput) -> None:
     """Embeddings a family sent anyway (nobody voices a text reply) go straight back."""
-    if isinstance(output.embeds, CudaIpcRef):
-        client.release_tensors([output.embeds.transfer], delivered=False)
-    else:
-        release_quietly(pool, output.embeds)
+    client.release_tensors([ref.transfer for ref in output.embeds if isinstance(ref, CudaIpcRef)],
+                           delivered=False)
+    for ref in output.embeds:
+        if isinstance(ref, BlockRef):
+            release_quietly(pool, ref)

@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.audio_ahead import AudioAhead
 from pipeline.cascade import Chunk, ClauseChunker, Piece
-from pipeline.client import StageClient
+from pipeline.client import StageClient, release_quietly
 from pipeline.cuda_ipc import CudaIpcRef, TensorRef
 from pipeline.errors import PipelineError, StageFailedError
 from pipeline.events import AudioChunk, Event, TextDelta, Transcript, Turn, TurnDone, TurnFailed
@@ -241,8 +241,9 @@ class TurnRun:
                 try:
                     for part in chunk.parts:  # arrays go into blocks; exports as they are
                         if isinstance(part, np.ndarray):
-                            pieces.append(await self.pool.put(part.astype(np.float32, copy=False),
-                                                              self.settings.pool.put_timeout_s))
+                            pieces += await self.pool.put_rows(
+                                part.astype(np.float32, copy=False),
+                                self.settings.pool.put_timeout_s)
                         else:
                             pieces.append(part)
                     context = spoken[-cascade.context_tokens:] if cascade.context_tokens else []
@@ -271,28 +272,39 @@ class TurnRun:
             groups.close()
 
     async def _voice(self, groups: Channel[Group]) -> None:
-        """Render each group in order and hand its audio to the agent."""
+        """Render each group in order, telling the VoiceBox that more of the turn follows
+        (it may hold back the last tokens as lookahead for the next group); once the Talker is
+        done with the turn, one closing job without tokens (`voicebox/end`) gets what it held
+        back, voiced as the last chunk's audio."""
+        last: Chunk | None = None
         async for group in groups:
             rid = self.request_id("voicebox", f"{group.chunk.index}.{group.index}")
-            job = VoiceBoxJob(rid, group.tokens, self.turn.voice)
-            waiting_since = time.monotonic()  # the VoiceBox's time, not the agent's
-            async with self._stream("voicebox", job) as outputs:
-                async for out in outputs:
-                    assert isinstance(out, VoiceBoxOutput)
-                    pcm = self._take("voicebox", out.pcm)
-                    if pcm is None or not len(pcm):
-                        continue
-                    self._usage["voicebox_s"] += time.monotonic() - waiting_since
-                    self._mark("first_audio_s")
-                    seconds = len(pcm) / max(out.sample_rate, 1)
-                    self._usage["audio_s"] += seconds
-                    chunk = group.chunk
-                    if hold := self._ahead.rendered(chunk.index, seconds):
-                        self._usage["start_hold_s"] = hold
-                        await asyncio.sleep(hold)
-                    await self._emit(AudioChunk(self.turn.turn_id, pcm, out.sample_rate,
-                                                chunk.text, chunk.start, chunk.end))
-                    waiting_since = time.monotonic()
+            await self._voice_job(VoiceBoxJob(rid, group.tokens, self.turn.voice, more=True),
+                                  group.chunk)
+            last = group.chunk
+        if last is not None:
+            closing = VoiceBoxJob(self.request_id("voicebox", "end"), [], self.turn.voice)
+            await self._voice_job(closing, last)
+
+    async def _voice_job(self, job: VoiceBoxJob, chunk: Chunk) -> None:
+        """One VoiceBox job; its audio, if any, goes to the agent as `chunk`'s."""
+        waiting_since = time.monotonic()  # the VoiceBox's time, not the agent's
+        async with self._stream("voicebox", job) as outputs:
+            async for out in outputs:
+                assert isinstance(out, VoiceBoxOutput)
+                pcm = self._take("voicebox", out.pcm)
+                if pcm is None or not len(pcm):
+                    continue
+                self._usage["voicebox_s"] += time.monotonic() - waiting_since
+                self._mark("first_audio_s")
+                seconds = len(pcm) / max(out.sample_rate, 1)
+                self._usage["audio_s"] += seconds
+                if hold := self._ahead.rendered(chunk.index, seconds):
+                    self._usage["start_hold_s"] = hold
+                    await asyncio.sleep(hold)
+                await self._emit(AudioChunk(self.turn.turn_id, pcm, out.sample_rate,
+                                            chunk.text, chunk.start, chunk.end))
+                waiting_since = time.monotonic()
 
     @contextlib.asynccontextmanager
     async def _stream(self, stage: str, job: Job, on_sent: Callable[[], None] | None = None
@@ -309,13 +321,26 @@ class TurnRun:
         finally:
             ids.discard(job.request_id)
 
-    def _receive(self, stage: str, ref: TensorRef | None) -> np.ndarray | CudaIpcRef | None:
-        """A worker's tensor, now this turn's: a block's array copied out (the block released
-        at once), or a CUDA IPC export kept as it is, to pass on and give back later."""
-        if isinstance(ref, CudaIpcRef):
-            self._exports[ref.stage, ref.transfer] = ref
-            return ref
-        return self._take(stage, ref)
+    def _receive(self, stage: str, refs: list[TensorRef]) -> tuple[np.ndarray | CudaIpcRef, ...]:
+        """A worker's tensor pieces, now this turn's, in order: each block's array copied out
+        (the block released at once), each CUDA IPC export kept as it is, to pass on and give
+        back later. Should a block be lost, the pieces after it are released all the same."""
+        for ref in refs:
+            if isinstance(ref, CudaIpcRef):
+                self._exports[ref.stage, ref.transfer] = ref
+        parts: list[np.ndarray | CudaIpcRef] = []
+        try:
+            for ref in refs:
+                if isinstance(ref, CudaIpcRef):
+                    parts.append(ref)
+                elif (array := self._take(stage, ref)) is not None:
+                    parts.append(array)
+        except BaseException:
+            for ref in refs:
+                if isinstance(ref, BlockRef):
+                    release_quietly(self.pool, ref)
+            raise
+        return tuple(parts)
 
     def _hand_over(self, chunk: Chunk) -> list[CudaIpcRef]:
         """The chunk's exports, which its Talker job now answers for (not the turn's end)."""

@@ -13,7 +13,7 @@ def chunk_all(pieces: list[str], **kw) -> list[Chunk]:
     chunker, chunks = ClauseChunker(**kw), []
     for i, text in enumerate(pieces):
         embeds = np.full((1, 4), i, np.float32)
-        if chunk := chunker.feed(Piece(text, (i,), embeds)):
+        if chunk := chunker.feed(Piece(text, (i,), (embeds,))):
             chunks.append(chunk)
     if last := chunker.flush():
         chunks.append(last)
@@ -90,12 +90,13 @@ def test_a_closing_flush_always_ends_the_reply_with_a_marked_chunk() -> None:
     the first chunk, the last chunk is marked and carries the stop token's row (no text), and
     a reply with nothing left still ends with a marked, empty chunk."""
     chunker = ClauseChunker(first_chars=4)
-    prompt_and_first = np.zeros((3, 4), np.float32)  # 2 prompt rows, then "Hello"'s
+    # 2 prompt rows, then "Hello"'s, received in two pieces (two blocks)
+    prompt_and_first = (np.zeros((2, 4), np.float32), np.full((1, 4), 5, np.float32))
     assert chunker.feed(Piece("Hello", (0,), prompt_and_first, prompt_rows=2)) is None
-    first = chunker.feed(Piece(" there.", (1,), np.ones((1, 4), np.float32)))
+    first = chunker.feed(Piece(" there.", (1,), (np.ones((1, 4), np.float32),)))
     assert first is not None and first.prompt_rows == 2 and not first.last
-    assert first.embeds is not None and len(first.embeds) == 3
-    assert chunker.feed(Piece("", (9,), np.full((1, 4), 9, np.float32))) is None  # stop token
+    assert first.embeds is not None and first.embeds[:, 0].tolist() == [0, 0, 5]
+    assert chunker.feed(Piece("", (9,), (np.full((1, 4), 9, np.float32),))) is None  # stop
     last = chunker.flush(closing=True)
     assert last is not None and last.last and last.text == " there."
     assert last.token_ids == (1, 9) and last.prompt_rows == 0

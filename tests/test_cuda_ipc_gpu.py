@@ -42,16 +42,16 @@ def skip_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _thinker(pool_name: str, to_api: mp.Queue, from_api: mp.Queue) -> None:
-    """The producing worker's side: `send_tensor` of a CUDA tensor, then the API process's
+    """The producing worker's side: `send_rows` of a CUDA tensor, then the API process's
     `ReleaseTensors` handled as the worker does; reports what it still holds."""
     import torch  # in the spawned child only
 
     pool = BlockPool.attach(pool_name, owner=5)
     ctx = StageContext(pool, {}, "unused", "thinker", cuda_ipc=True)
     source = torch.arange(ROWS * HIDDEN, dtype=torch.float32, device="cuda").reshape(ROWS, HIDDEN)
-    ref = asyncio.run(ctx.send_tensor(source))
+    refs = asyncio.run(ctx.send_rows(source))  # one export, however many rows
     source.zero_()  # the export is a clone: the consumer never sees this write
-    to_api.put(encode(ThinkerOutput("c/t/thinker/0", embeds=ref)))
+    to_api.put(encode(ThinkerOutput("c/t/thinker/0", embeds=refs)))
     release = client_decoder.decode(from_api.get(timeout=120))
     assert isinstance(release, ReleaseTensors)
     to_api.put((ctx.sender.release(release.transfers, release.delivered),
@@ -93,7 +93,7 @@ def test_a_cuda_tensor_crosses_two_workers_as_an_export_and_is_freed_on_release(
             worker.start()
         output = worker_decoder.decode(from_thinker.get(timeout=120))
         assert isinstance(output, ThinkerOutput)
-        ref = output.embeds
+        (ref,) = output.embeds
         assert isinstance(ref, CudaIpcRef) and ref.stage == "thinker"
         assert (ref.shape, ref.dtype) == ((ROWS, HIDDEN), "float32")
         to_talker.put(encode(TalkerJob("c/t/talker/0", "x", [ref])))  # passed on unread
@@ -157,7 +157,7 @@ async def test_cuda_tensors_cross_stages_by_cuda_ipc_and_are_all_given_back(
         client = pipe._clients["thinker"]
         outputs = [out async for out in client.submit(
             ThinkerJob("direct/1/thinker/0", MESSAGES, max_tokens=6))]
-        refs = [out.embeds for out in outputs if out.embeds is not None]
+        refs = [ref for out in outputs for ref in out.embeds]
         assert len(refs) == 6
         assert all(isinstance(r, CudaIpcRef) and r.stage == "thinker" and r.shape == (1, HIDDEN)
                    and r.dtype == "float32" for r in refs), refs

@@ -40,7 +40,7 @@ from pipeline.messages import (
     worker_decoder,
 )
 from pipeline.settings import PipelineSettings
-from pipeline.shm import BlockPool, BlockRef, StaleBlockError
+from pipeline.shm import BlockPool, BlockRef, StaleBlockError, TensorTooLargeError
 from pipeline.stage import (
     Job,
     StageContext,
@@ -90,7 +90,8 @@ def test_jobs_and_outputs_carry_blocks_and_cuda_exports_across_the_wire() -> Non
                                                                  CudaIpcRef, BlockRef]
     assert got.text_embeds[1].stage == "thinker"
     assert client_decoder.decode(encode(TalkerJob("c/t/talker/1", "x"))).text_embeds == []
-    for embeds in (export(5), block, None):
+    rest = BlockRef(4, 2, "float32", (1, HIDDEN), 4 * HIDDEN)  # rows in two blocks
+    for embeds in ([export(5)], [block, rest], []):
         out = ThinkerOutput("c/t/thinker/0", text=" hi", token_ids=[5], embeds=embeds)
         assert worker_decoder.decode(encode(out)) == out
     release = ReleaseTensors([TRANSFER_BASE + 1, TRANSFER_BASE + 2], delivered=False)
@@ -108,7 +109,7 @@ def test_chunker_keeps_cuda_exports_in_order_and_joins_only_arrays() -> None:
     chunker, chunks = ClauseChunker(first_chars=8, min_chars=8, max_chars=40), []
     for i, text in enumerate(words):  # tokens 2 and 3 came as arrays, the others as exports
         embeds = np.full((1, HIDDEN), i, np.float32) if i in (2, 3) else export(i)
-        if chunk := chunker.feed(Piece(text, (i,), embeds)):
+        if chunk := chunker.feed(Piece(text, (i,), (embeds,))):
             chunks.append(chunk)
     chunks.append(chunker.flush())
     assert [c.text for c in chunks] == ["Hello there,", " this is it."]
@@ -120,8 +121,8 @@ def test_chunker_keeps_cuda_exports_in_order_and_joins_only_arrays() -> None:
     assert second.parts[0][:, 0].tolist() == [3]
     assert first.embeds is None and second.embeds is None  # not all arrays: no single array
     arrays_only = ClauseChunker()
-    arrays_only.feed(Piece("One", (0,), np.zeros((1, 4), np.float32)))
-    arrays_only.feed(Piece(" two", (1,), np.ones((1, 4), np.float32)))
+    arrays_only.feed(Piece("One", (0,), (np.zeros((1, 4), np.float32),)))
+    arrays_only.feed(Piece(" two", (1,), (np.ones((1, 4), np.float32),)))
     chunk = arrays_only.flush()
     (joined,) = chunk.parts
     assert chunk.embeds is joined  # all arrays: one array, as before CUDA IPC existed
@@ -148,6 +149,25 @@ async def test_stage_context_sends_cpu_tensors_through_the_pool(pool: BlockPool)
         ref = await thinker.send_tensor(tensor)
         np.testing.assert_array_equal(talker.take_tensors([ref]), np.arange(6).reshape(2, 3))
     assert thinker.sender.exporter.pending == 0 and pool.in_use == 0
+
+
+async def test_stage_context_sends_rows_over_as_many_blocks_as_they_need(
+    pool: BlockPool,
+) -> None:
+    torch = pytest.importorskip("torch")
+    thinker = StageContext(pool, {}, "unused", "thinker", cuda_ipc=True)
+    talker = StageContext(pool, {}, "unused", "talker")
+    rows = np.arange(1200 * HIDDEN, dtype=np.float32).reshape(1200, HIDDEN)  # 512 a block
+    for tensor in (rows, torch.from_numpy(rows)):  # on the CPU: blocks, whatever the consumer
+        refs = await thinker.send_rows(tensor)
+        assert [ref.shape[0] for ref in refs] == [512, 512, 176]
+        out = ThinkerOutput("c/t/thinker/0", token_ids=[1], embeds=refs)
+        wire = worker_decoder.decode(encode(out)).embeds
+        assert talker.take_tensors(wire).tobytes() == rows.tobytes()
+        assert pool.in_use == 0
+    with pytest.raises(TensorTooLargeError, match=r"pool\.block_size"):
+        await thinker.send_rows(np.zeros((3, 4097), np.float32))  # one row past a block
+    assert pool.in_use == 0
 
 
 async def test_take_tensors_joins_blocks_and_releases_each(pool: BlockPool) -> None:
@@ -213,9 +233,8 @@ class ScriptedWorker:
         return [t for r in self.releases if r.delivered == delivered for t in r.transfers]
 
     def exports_sent(self, request_id: str | None = None) -> list[int]:
-        return [m.embeds.transfer for m in self.sent
-                if isinstance(getattr(m, "embeds", None), CudaIpcRef)
-                and request_id in (None, m.request_id)]
+        return [ref.transfer for m in self.sent for ref in getattr(m, "embeds", [])
+                if isinstance(ref, CudaIpcRef) and request_id in (None, m.request_id)]
 
     async def close(self) -> None:
         tasks = [self._loop, *self.serving]
@@ -235,9 +254,9 @@ def thinker_script(pool: BlockPool, pace_s: float = 0.0, block_every: int = 0) -
             if job.request_id in worker.aborted:
                 break
             if block_every and i % block_every == 0:
-                embeds = await pool.put(np.full((1, HIDDEN), i, np.float32), 1.0)
+                embeds = [await pool.put(np.full((1, HIDDEN), i, np.float32), 1.0)]
             else:
-                embeds = export(offset + i)
+                embeds = [export(offset + i)]
             await worker.send(identity, ThinkerOutput(job.request_id, text=word if i == 0 else
                                                       " " + word, token_ids=[i], embeds=embeds))
             await asyncio.sleep(pace_s)
@@ -327,6 +346,47 @@ async def test_exports_ride_their_talker_job_and_go_back_when_it_ends(pool: Bloc
         assert pool.in_use == 0  # the blocks are given back as before
 
 
+def prompt_script(pool: BlockPool, prompt: int) -> Callable:
+    """A Thinker whose first token carries `prompt` prompt rows before its own (as qwen25_omni's
+    does), every output's rows sent with a real stage context's `send_rows`; the turn's row r
+    is r throughout."""
+    ctx = StageContext(pool, {}, "unused", "thinker")
+
+    async def think(worker: ScriptedWorker, identity: bytes, job: ThinkerJob) -> None:
+        first = 0
+        for i, word in enumerate(reply_words(job.max_tokens)):
+            count = prompt + 1 if i == 0 else 1
+            rows = np.repeat(np.arange(first, first + count, dtype=np.float32)[:, None], HIDDEN, 1)
+            first += count
+            await worker.send(identity, ThinkerOutput(
+                job.request_id, text=word if i == 0 else " " + word, token_ids=[i],
+                embeds=await ctx.send_rows(rows), prompt_rows=prompt if i == 0 else 0))
+        await worker.send(identity, ThinkerOutput(job.request_id, finished=True))
+
+    return think
+
+
+async def test_prompt_rows_past_a_block_cross_both_hops_in_pieces(pool: BlockPool) -> None:
+    """1,500 prompt rows where a block holds 512: the Thinker's output comes in pieces, the
+    turn joins its chunk's rows and puts them in as many blocks again, and the Talker reads
+    every row once, in order; every block is given back."""
+    prompt = 1500
+    async with scripted_stages(pool, thinker=prompt_script(pool, prompt),
+                               talker=talker_script(pool), voicebox=voice) as (workers, clients):
+        run = TurnRun(Turn("t5", MESSAGES, max_tokens=20), clients, pool, PipelineSettings())
+        run.start()
+        events = await events_of(run)
+        assert events[-1].text == " ".join(reply_words(20))
+        thinker, talker = workers["thinker"], workers["talker"]
+        assert len(thinker.sent[0].embeds) == 3, "the first output: 1,501 rows in 3 blocks"
+        assert talker.read == list(range(prompt + 20))
+        first = talker.jobs[0]
+        assert first.prompt_rows == prompt and len(first.text_embeds) >= 3
+        assert all(ref.nbytes <= pool.block_size for job in talker.jobs
+                   for ref in job.text_embeds)
+        await until(lambda: pool.in_use == 0, "every block given back")
+
+
 async def test_a_cancelled_turn_gives_every_export_back_exactly_once(pool: BlockPool) -> None:
     async with scripted_stages(pool, thinker=thinker_script(pool, pace_s=0.002),
                                talker=talker_script(pool, hold_first=True),
@@ -357,7 +417,7 @@ async def test_outputs_nobody_reads_give_their_exports_back_undelivered(pool: Bl
         thinker, client = workers["thinker"], clients["thinker"]
         # A reader takes one output and leaves: the queued and the late ones go back.
         outputs = client.submit(ThinkerJob("c/t3/thinker/0", MESSAGES, max_tokens=7))
-        kept = (await anext(outputs)).embeds.transfer
+        (kept,) = [ref.transfer for ref in (await anext(outputs)).embeds]
         await outputs.aclose()
         await until(lambda: not thinker.serving, "the Thinker's script to stop")
         unread = set(thinker.exports_sent("c/t3/thinker/0")) - {kept}
@@ -371,7 +431,7 @@ async def test_outputs_nobody_reads_give_their_exports_back_undelivered(pool: Bl
         behind, read = client.submit(ThinkerJob("c/t4/thinker/0", MESSAGES, max_tokens=50)), []
         with pytest.raises(PipelineBusyError):
             async for out in behind:  # the first output may come before the overflow, or not
-                read.append(out.embeds.transfer)
+                read += [ref.transfer for ref in out.embeds]
                 await until(lambda: "c/t4/thinker/0" in thinker.aborted, "the client's abort")
         await until(lambda: not thinker.serving, "the Thinker's script to stop")
         unread |= set(thinker.exports_sent("c/t4/thinker/0")) - set(read)

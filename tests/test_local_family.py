@@ -30,7 +30,7 @@ from pipeline.families.local.speech_text import Phrase, speakable, split_phrases
 from pipeline.families.local.talker import group_phrases
 from pipeline.families.local.thinker import ASK_AGAIN, ASK_AGAIN_BELOW
 from pipeline.shm import BlockPool
-from pipeline.stage import TalkerJob, ThinkerJob, VoiceBoxJob
+from pipeline.stage import TalkerJob, ThinkerJob, VoiceBoxJob, VoiceBoxOutput
 from tests.audio_fixtures import SOX, read_wav, speech_wav, write_wav
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
@@ -185,7 +185,7 @@ async def test_thinker_hears_the_question_and_answers_paris(
     assert "paris" in reply.lower()
     assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
     assert not any(out.finished for out in outputs[:-1])
-    assert all(out.embeds is None for out in outputs)
+    assert all(out.embeds == [] for out in outputs)
     assert pool.in_use == held, "the audio block is released"
     figure("ASR inside the Thinker", heard_at - began, "s")
     figure("SmolLM2 TTFT (after the transcript)", first_at - heard_at, "s")
@@ -293,6 +293,17 @@ async def test_voicebox_abort_drops_waiting_jobs(
                 pool.release(out.pcm)
     assert pool.in_use == held
     assert rid not in voicebox.active_request_ids()
+
+
+async def test_voicebox_answers_a_turns_closing_job_empty(
+    voicebox: LocalVoiceBox, pool: BlockPool
+) -> None:
+    """The closing job turn.py sends each turn (no tokens): nothing to voice, no block taken,
+    nothing rendered."""
+    held, render_s = pool.in_use, voicebox.render_s
+    outputs = await _collect(voicebox.stream(VoiceBoxJob("call/t5/voicebox/end", [])))
+    assert outputs == [VoiceBoxOutput("call/t5/voicebox/end", finished=True)]
+    assert pool.in_use == held and voicebox.render_s == render_s
 
 
 async def _collect(stream: AsyncIterator) -> list:

@@ -9,6 +9,7 @@ noise blocks' weights (their output is then exactly zero).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,10 @@ from pipeline.families.orpheus.codes import (
 )
 from pipeline.families.orpheus.release import check_talker
 from pipeline.families.orpheus.snac_decoder import SnacDecoder, write_snac
+from pipeline.families.orpheus.voicebox import SnacVoiceBox
 from pipeline.families.orpheus.windows import Window, WindowCutter
+from pipeline.shm import BlockPool
+from pipeline.stage import StageContext, VoiceBoxJob, VoiceBoxOutput
 
 FRAMES = 20
 # Measured (20 random frames, windows of 2 frames): 3 frames of context and of lookahead give
@@ -73,7 +77,7 @@ def test_a_frame_spreads_over_snacs_three_codebooks_in_time_order() -> None:
 def test_window_tokens_round_trip_and_malformed_ones_are_refused() -> None:
     window = Window([[1] * FRAME, [2] * FRAME, [3] * FRAME], context=1, lookahead=1)
     assert Window.of_tokens(window.tokens()) == window and window.voiced == 1
-    for bad in ([0, 0, 1, 2], [1, 1, *([0] * 2 * FRAME)], [-1, 0, *([0] * FRAME)]):
+    for bad in ([0, 0, 1, 2], [1, 1, *([0] * 2 * FRAME)], [-1, 0, *([0] * FRAME)], [], [0]):
         with pytest.raises(ValueError):
             Window.of_tokens(bad)
 
@@ -110,6 +114,30 @@ def test_windowed_decode_equals_one_full_decode(snac: SnacDecoder) -> None:
         assert error < PARITY_TOLERANCE, (group, error)
     bare = _streamed(snac, frames.tolist(), WindowCutter(group=2, context=0, lookahead=0))
     assert (bare - full)[first:].abs().max().item() > NO_CONTEXT_MIN_ERROR
+
+
+async def test_the_voicebox_answers_a_turns_closing_job_empty_and_serves_on(
+        tmp_path: Path) -> None:
+    """The closing job turn.py sends each turn (no tokens) yields nothing and finishes; the
+    stage then still renders windows (a job too short to be a window once killed its task)."""
+    write_snac(tmp_path, TINY_SNAC, seed=4322)
+    pool = BlockPool.create(f"omnivox-snac-voicebox-{os.getpid()}", block_count=4,
+                            block_size=1 << 20)
+    voicebox = SnacVoiceBox()
+    try:
+        await voicebox.start(StageContext(pool, {"model_dir": str(tmp_path)}, str(tmp_path)))
+        closing = [out async for out in voicebox.stream(VoiceBoxJob("c/t/voicebox/end", []))]
+        assert closing == [VoiceBoxOutput("c/t/voicebox/end", finished=True)]
+        window = Window([[1] * FRAME, [2] * FRAME], context=0, lookahead=0)
+        (out,) = [out async for out in voicebox.stream(VoiceBoxJob("c/t/voicebox/0.0",
+                                                                   window.tokens()))]
+        assert out.pcm is not None and out.pcm.shape == (2 * 2048,)
+        pool.release(out.pcm)
+        assert pool.in_use == 0
+    finally:
+        await voicebox.stop()
+        pool.close()
+        pool.unlink()
 
 
 def test_a_talker_directory_of_another_architecture_is_refused(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, T
 from pipeline.orchestrator import Pipeline
 from pipeline.stage import TalkerJob, ThinkerJob
 from pipeline.supervisor import StageState
-from tests.fake_family import HIDDEN, SAMPLES_PER_TOKEN, reply_words
+from tests.fake_family import HIDDEN, SAMPLE_RATE, SAMPLES_PER_TOKEN, reply_words
 
 FAMILY = "tests.fake_family"
 REPO = Path(__file__).resolve().parent.parent
@@ -38,6 +38,9 @@ KEPT_BLOCKS = 2  # the fake Thinker holds these for its lifetime
 # either can lag by a second, which a 1 s timeout read as a hang (a spurious restart). 3 s
 # still finds the hung worker of test_hung_worker_is_killed_and_replaced in seconds.
 HEARTBEAT_TIMEOUT_S = 3.0
+# The fake VoiceBox holds back a turn's last tokens while more follow (a VoiceBox rendering
+# with lookahead): each turn's audio is whole only if its closing job comes.
+LOOKAHEAD = 3
 
 
 def settings(**stages: dict) -> dict:
@@ -113,6 +116,31 @@ async def test_turn_streams_text_and_audio_with_spans(pipeline: Pipeline) -> Non
     assert voiced == text
     assert done.usage["first_audio_s"] < done.usage["elapsed_s"]
     await until(lambda: pipeline.pool.in_use == KEPT_BLOCKS, what="every block released")
+
+
+@pytest.fixture(scope="module")
+async def lookahead() -> AsyncIterator[Pipeline]:
+    """A pipeline whose fake VoiceBox holds back each turn's last LOOKAHEAD tokens while more
+    follow (its own: a first audio that short changes the timing the kill tests rely on)."""
+    async with Pipeline(settings(voicebox={"lookahead_tokens": LOOKAHEAD})) as pipe:
+        yield pipe
+
+
+async def test_the_closing_job_voices_what_the_voicebox_held_back(lookahead: Pipeline) -> None:
+    """Every group's job tells the VoiceBox that more follows; once the Talker is done, the
+    turn's closing job (no tokens) gets the held-back tail, the last chunk's audio."""
+    events = await collect(lookahead, turn("tail", 12))
+    done = events[-1]
+    assert isinstance(done, TurnDone), done
+    chunks = [e for e in events if isinstance(e, AudioChunk)]
+    voiced = "".join(chr(int(v)) for c in chunks for v in c.pcm[::SAMPLES_PER_TOKEN])
+    assert voiced == done.text  # every token once, in order: none left behind
+    tail = chunks[-1]
+    assert len(tail.pcm) == LOOKAHEAD * SAMPLES_PER_TOKEN  # the closing job's audio
+    assert tail.text_end == len(done.text)
+    assert done.usage["audio_s"] == pytest.approx(
+        len(done.text) * SAMPLES_PER_TOKEN / SAMPLE_RATE)
+    await until(lambda: lookahead.pool.in_use == KEPT_BLOCKS, what="every block released")
 
 
 async def test_concurrent_turns_get_their_own_outputs(pipeline: Pipeline) -> None:
@@ -296,9 +324,9 @@ async def _texts(client: StageClient, job: ThinkerJob) -> list[str]:
     texts = []
     async for out in client.submit(job):
         texts.append(out.text)
-        if out.embeds is not None:
-            assert client.pool.view(out.embeds).shape == (1, HIDDEN)
-            client.pool.release(out.embeds)
+        for ref in out.embeds:
+            assert client.pool.view(ref).shape == (1, HIDDEN)
+            client.pool.release(ref)
     return texts
 
 

@@ -101,3 +101,14 @@ async def test_a_dead_render_task_fails_waiting_jobs_and_refuses_new_ones(
     with pytest.raises(RuntimeError, match="serves no more jobs"):
         await _outputs(voicebox, "call/c/voicebox/2", [6])
     assert voicebox.active_request_ids() == []
+
+
+async def test_a_job_without_tokens_is_answered_at_once_without_pcm(
+    voicebox: GatedVoiceBox, pool: BlockPool
+) -> None:
+    """A turn's closing job (no tokens): a VoiceBox that holds nothing back answers it at
+    once, empty, without queueing it (the gate stays shut) or taking a block."""
+    answer = await asyncio.wait_for(_outputs(voicebox, "call/d/voicebox/end", []), 1.0)
+    assert answer == [VoiceBoxOutput("call/d/voicebox/end", finished=True)]
+    assert voicebox.rendered == [] and voicebox.active_request_ids() == []
+    assert pool.in_use == 0

@@ -169,6 +169,51 @@ def test_tensor_bigger_than_a_block_is_refused_naming_both_sizes(pool: BlockPool
     assert pool.in_use == 0
 
 
+async def test_rows_past_a_block_go_in_pieces_that_join_byte_identical(
+    make_pool: Callable,
+) -> None:
+    pool = make_pool(8, 4096)  # 8 rows a block of the tiny width (128 float32: 512 bytes)
+    rows = np.random.default_rng(1).standard_normal((21, 128)).astype(np.float32)
+    refs = await pool.put_rows(rows, timeout=1)
+    assert [ref.shape for ref in refs] == [(8, 128), (8, 128), (5, 128)]
+    assert np.concatenate([pool.view(ref) for ref in refs]).tobytes() == rows.tobytes()
+    exact = await pool.put_rows(rows[:16], timeout=1)  # a multiple of a block: full blocks
+    assert [ref.shape[0] for ref in exact] == [8, 8]
+    (one,) = await pool.put_rows(rows[4:5], timeout=1)
+    assert one.shape == (1, 128) and pool.view(one).tobytes() == rows[4:5].tobytes()
+    assert await pool.put_rows(rows[:0], timeout=1) == []
+    assert pool.in_use == 6
+    for ref in [*refs, *exact, one]:
+        pool.release(ref)
+
+
+async def test_a_row_larger_than_a_block_is_refused_naming_the_setting(
+    make_pool: Callable,
+) -> None:
+    pool = make_pool(4, 4096)
+    real_width = np.zeros((2, 3584), np.float32)  # Qwen2.5-Omni-7B's thinker: 14,336 bytes
+    with pytest.raises(TensorTooLargeError, match=r"a row of 14336 bytes does not fit a block "
+                                                  r"of 4096 bytes .* pool\.block_size"):
+        await pool.put_rows(real_width, timeout=1)
+    assert pool.in_use == 0
+
+
+async def test_rows_failing_midway_leave_no_block_held(make_pool: Callable) -> None:
+    pool = make_pool(4, 4096)
+    other = await pool.put(np.zeros(4), timeout=1)  # someone else's: 3 blocks free
+    rows = np.ones((40, 128), np.float32)  # 5 blocks
+    with pytest.raises(PoolExhaustedError):
+        await pool.put_rows(rows, timeout=0.05)
+    assert pool.block_count - pool.in_use == 3, "the 3 pieces put were released"
+    waiting = asyncio.create_task(pool.put_rows(rows, timeout=30))
+    while pool.in_use < pool.block_count:  # 3 pieces in, waiting for a 4th block
+        await asyncio.sleep(0.005)
+    waiting.cancel()  # as a barge-in cancels the turn's tasks
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert pool.block_count - pool.in_use == 3 and pool.view(other).shape == (4,)
+
+
 def test_double_release_and_use_after_release_are_detected(pool: BlockPool) -> None:
     ref = pool.write(np.ones(3), timeout=1)
     pool.release(ref)

@@ -26,6 +26,7 @@ from pipeline.stage import (
     ThinkerJob,
     ThinkerOutput,
     VoiceBoxJob,
+    VoiceBoxOutput,
 )
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
@@ -111,11 +112,12 @@ async def test_thinker_streams_max_tokens_with_embeddings(
         outputs.append(out)
         tokens += out.token_ids
         if out.token_ids:
-            embeds = pool.view(out.embeds)
+            (ref,) = out.embeds  # a delta's few rows: one block
+            embeds = pool.view(ref)
             assert pool.holds(embeds), "looked up straight into the block it travels in"
             assert embeds.shape == (len(out.token_ids), 128) and embeds.dtype == np.float32
             np.testing.assert_array_equal(embeds, thinker.prompts.embed(out.token_ids))
-            pool.release(out.embeds)
+            pool.release(ref)
     done = time.perf_counter()
 
     assert len(tokens) == 48
@@ -132,9 +134,8 @@ async def test_thinker_replies_are_deterministic(thinker: TinyThinker, pool: Blo
     for attempt in range(2):
         job = ThinkerJob(f"call1/turn1/thinker-again{attempt}", MESSAGES, max_tokens=16)
         outputs = [out async for out in thinker.stream(job)]
-        for out in outputs:
-            if out.embeds is not None:
-                pool.release(out.embeds)
+        for ref in (ref for out in outputs for ref in out.embeds):
+            pool.release(ref)
         replies.append([t for out in outputs for t in out.token_ids])
     assert len(replies[0]) == 16 and replies[0] == replies[1]
 
@@ -145,9 +146,8 @@ async def test_thinker_json_schema_gives_valid_json(thinker: TinyThinker) -> Non
     job = ThinkerJob("call1/turn2/thinker", MESSAGES, max_tokens=64,
                      response_format=response_format)
     outputs = [out async for out in thinker.stream(job)]
-    for out in outputs:
-        if out.embeds is not None:
-            thinker.ctx.pool.release(out.embeds)
+    for ref in (ref for out in outputs for ref in out.embeds):
+        thinker.ctx.pool.release(ref)
     reply = json.loads("".join(out.text for out in outputs))
     assert set(reply) == {"ok", "mood"}
     assert isinstance(reply["ok"], bool) and reply["mood"] in {"happy", "calm", "sad"}
@@ -222,6 +222,17 @@ async def test_voicebox_renders_and_batches(voicebox: TinyVoiceBox, pool: BlockP
     figure("voicebox real-time factor (2 jobs, 0.7 s audio)", elapsed / 0.7, "x")
 
 
+async def test_voicebox_answers_a_turns_closing_job_empty(
+    voicebox: TinyVoiceBox, pool: BlockPool
+) -> None:
+    """The closing job turn.py sends each turn (no tokens): nothing to voice, no block taken,
+    no forward run."""
+    calls, held = voicebox.forward_calls, pool.in_use
+    outputs = [out async for out in voicebox.stream(VoiceBoxJob("c/t/voicebox/end", []))]
+    assert outputs == [VoiceBoxOutput("c/t/voicebox/end", finished=True)]
+    assert voicebox.forward_calls == calls and pool.in_use == held
+
+
 async def test_thinker_abort_mid_stream_leaves_nothing(
     thinker: TinyThinker, pool: BlockPool
 ) -> None:
@@ -232,8 +243,8 @@ async def test_thinker_abort_mid_stream_leaves_nothing(
             assert thinker.active_request_ids() == [job.request_id]
             await thinker.abort([job.request_id])
         outputs.append(out)
-        if out.embeds is not None:
-            pool.release(out.embeds)
+        for ref in out.embeds:
+            pool.release(ref)
     assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
     assert sum(len(out.token_ids) for out in outputs) < 400
     assert thinker.active_request_ids() == []
@@ -245,7 +256,8 @@ async def test_thinker_stream_closed_by_consumer_aborts(
     job = ThinkerJob("call1/turn4/thinker", MESSAGES, max_tokens=400)
     stream = thinker.stream(job)
     out = await anext(stream)
-    pool.release(out.embeds)
+    for ref in out.embeds:
+        pool.release(ref)
     assert thinker.active_request_ids() == [job.request_id]
     await stream.aclose()  # what a barge-in's task cancellation does to the stream
     assert thinker.active_request_ids() == []

@@ -6,9 +6,11 @@ PCM or an error. A render task writes the PCM straight into a pool block it leas
 (`ctx.acquire_tensor`) and answers with the block's ref (a job answered with an array has it
 copied into a block); a rendered block whose job nobody waits for any more is released.
 Aborting a request answers its waiting jobs with None: their streams end without PCM, and the
-render task skips them. Should the render task ever end, every waiting job fails and new ones
-are refused, so no stream hangs on it. Each family renders its own way: the tiny VoiceBox in
-micro-batches, the local one a job at a time.
+render task skips them. A job without tokens (a turn's closing job, VoiceBoxJob.more) is
+answered at once without PCM, unless the family holds a turn's tokens back (`holds_tokens`).
+Should the render task ever end, every waiting job fails and new ones are refused, so no stream
+hangs on it. Each family renders its own way: the tiny VoiceBox in micro-batches, the local
+one a job at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -135,6 +138,10 @@ class QueuedVoiceBox(Stage[VoiceBoxJob, VoiceBoxOutput]):
 
     name = "voicebox"
     task_label: str  # the render task's name in logs and errors ("batcher", "renderer")
+    # Whether a turn's jobs leave tokens here for its later ones (lookahead held back): then
+    # a job without tokens (the turn's closing one) may still voice some and is rendered;
+    # otherwise it has nothing to voice and is answered at once, without PCM.
+    holds_tokens: ClassVar[bool] = False
 
     def _serve(self, ctx: StageContext, sample_rate: int) -> None:
         """Open the job queue and start the render task."""
@@ -157,6 +164,9 @@ class QueuedVoiceBox(Stage[VoiceBoxJob, VoiceBoxOutput]):
         if self.render_task.done():
             raise RuntimeError(f"the voicebox {self.task_label} has stopped; this stage serves "
                                f"no more jobs")
+        if not job.tokens and not self.holds_tokens:
+            yield VoiceBoxOutput(job.request_id, finished=True)
+            return
         pcm = await self.jobs.rendered(job)
         if pcm is None:
             yield VoiceBoxOutput(job.request_id, finished=True)

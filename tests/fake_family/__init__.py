@@ -4,7 +4,8 @@ The thing under test is the runtime (processes, supervision, transport, cancel),
 these stages do cheap, predictable work with the real pool and real worker processes.
 Settings (per stage, from the profile) steer failures: `fail_start` (reason), `engine_child`
 (spawn a long-lived child process, as a vLLM engine does), `hold_blocks` (pool blocks kept
-while running), `start_delay_s` (a slow start), `token_s` (delay per output).
+while running), `start_delay_s` (a slow start), `token_s` (delay per output); the VoiceBox's
+`lookahead_tokens` holds back a turn's last tokens while more follow (FakeVoiceBox).
 A Thinker message containing "HANG" blocks the worker's event loop (a hung worker); one
 containing "STALL" takes the request and never answers it until it is aborted (a stuck engine,
 in a worker that still heartbeats). A job guided by a response_format answers with what its
@@ -32,6 +33,7 @@ from pipeline.stage import (
     TalkerOutput,
     ThinkerJob,
     ThinkerOutput,
+    VoiceBoxJob,
     VoiceBoxOutput,
 )
 
@@ -116,7 +118,7 @@ class FakeThinker(_FakeStage):
             yield ThinkerOutput(job.request_id, transcript=f"<{len(samples)} samples>")
         words = self._words(job)
         async for i in self._steps(job.request_id, len(words)):
-            embeds = await self.ctx.send_tensor(np.full((1, HIDDEN), i, np.float32))
+            embeds = await self.ctx.send_rows(np.full((1, HIDDEN), i, np.float32))
             text = words[i] if i == 0 else " " + words[i]
             yield ThinkerOutput(job.request_id, text=text, token_ids=[i], embeds=embeds)
         yield ThinkerOutput(job.request_id, finished=True, finish_reason="length")
@@ -153,14 +155,39 @@ class FakeTalker(_FakeStage):
 
 
 class FakeVoiceBox(_FakeStage):
+    """Voices each token as SAMPLES_PER_TOKEN samples of its value. With the setting
+    `lookahead_tokens`, a job whose turn has `more` to follow holds back the turn's last ones
+    for its next job, as a VoiceBox rendering with lookahead does; the job that ends the turn
+    voices them. A job with nothing to voice yields no PCM."""
+
     name = "voicebox"
 
+    async def start(self, ctx: StageContext) -> None:
+        await super().start(ctx)
+        self.held: dict[str, list[int]] = {}  # turn (request id up to its last "/") -> tokens
+
+    async def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self.held.pop(rid.rpartition("/")[0], None)
+        await super().abort(request_ids)
+
     async def stream(self, job: Job) -> AsyncIterator[Output]:
+        tokens = self._voiced(job)
         async for _ in self._steps(job.request_id, 1):
-            pcm = np.repeat(np.asarray(job.tokens, np.int16), SAMPLES_PER_TOKEN)
-            ref = await self.pool.put(pcm, 1.0)
-            yield VoiceBoxOutput(job.request_id, pcm=ref, sample_rate=SAMPLE_RATE)
+            if tokens:
+                pcm = np.repeat(np.asarray(tokens, np.int16), SAMPLES_PER_TOKEN)
+                ref = await self.pool.put(pcm, 1.0)
+                yield VoiceBoxOutput(job.request_id, pcm=ref, sample_rate=SAMPLE_RATE)
         yield VoiceBoxOutput(job.request_id, finished=True)
+
+    def _voiced(self, job: VoiceBoxJob) -> list[int]:
+        """The tokens this job voices: its turn's held ones and its own, less those it holds."""
+        turn = job.request_id.rpartition("/")[0]
+        tokens = self.held.pop(turn, []) + list(job.tokens)
+        keep = min(len(tokens), int(self.settings.get("lookahead_tokens", 0))) if job.more else 0
+        if keep:
+            self.held[turn] = tokens[len(tokens) - keep:]
+        return tokens[:len(tokens) - keep]
 
 
 STAGES: dict[str, Any] = {"thinker": FakeThinker, "talker": FakeTalker, "voicebox": FakeVoiceBox}

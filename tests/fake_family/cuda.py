@@ -1,7 +1,7 @@
 """The fake family on a GPU: the Thinker's embeddings reach the Talker by CUDA IPC.
 
 The embedding of Thinker token i is the row i * ROW + arange(HIDDEN), float32 on cuda:0, sent
-with `ctx.send_tensor` (a CUDA IPC export while the pipeline's `cuda_ipc` is on). The Talker
+with `ctx.send_rows` (a CUDA IPC export while the pipeline's `cuda_ipc` is on). The Talker
 takes its job's pieces with `ctx.take_tensors`, refuses them unless they came on the GPU with
 every row's pattern intact, and speaks token i for row i, so the audio says which rows arrived,
 in order. Only a GPU host runs it (tests/test_cuda_ipc_gpu.py skips it elsewhere).
@@ -35,7 +35,7 @@ class CudaThinker(FakeThinker):
     async def stream(self, job: Job) -> AsyncIterator[Output]:
         words = reply_words(job.max_tokens)
         async for i in self._steps(job.request_id, len(words)):
-            embeds = await self.ctx.send_tensor((self.pattern + i * ROW).unsqueeze(0))
+            embeds = await self.ctx.send_rows((self.pattern + i * ROW).unsqueeze(0))
             text = words[i] if i == 0 else " " + words[i]
             yield ThinkerOutput(job.request_id, text=text, token_ids=[i], embeds=embeds)
         yield ThinkerOutput(job.request_id, finished=True, finish_reason="length")

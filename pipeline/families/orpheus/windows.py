@@ -43,6 +43,8 @@ class Window:
     @classmethod
     def of_tokens(cls, tokens: list[int]) -> Window:
         """The window a VoiceBox job's tokens carry (a clear error if malformed)."""
+        if len(tokens) < HEADER:
+            raise ValueError(f"not a SNAC window: {len(tokens)} tokens")
         context, lookahead, codes = tokens[0], tokens[1], tokens[HEADER:]
         if len(codes) % FRAME or context < 0 or lookahead < 0 \
                 or context + lookahead >= len(codes) // FRAME:

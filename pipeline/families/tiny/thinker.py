@@ -3,7 +3,7 @@
 Each job is one vLLM request whose prompt is the embedded chat history with the caller's audio
 spliced in. Every streamed delta carries its tokens' embeddings for the Talker, looked up
 straight into a pool block leased for them (`ctx.acquire_tensor`; a family whose embeddings are
-on a GPU would send them with `ctx.send_tensor`, as CUDA IPC exports).
+on a GPU would send them with `ctx.send_rows`, as CUDA IPC exports).
 The weights are random, so by default EOS is ignored and a reply is exactly max_tokens long;
 a job with a response_format is guided to its JSON schema and stops when the JSON is complete.
 Block ownership: this stage reads `job.audio` in place and releases it once encoded; whoever
@@ -73,15 +73,16 @@ class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
                                 embeds=await self._embeds(job, token_ids))
         yield ThinkerOutput(job.request_id, finished=True, finish_reason="stop")
 
-    async def _embeds(self, job: ThinkerJob, token_ids: list[int]) -> TensorRef | None:
-        """The tokens' embeddings in a pool block sent on, when the job wants them."""
+    async def _embeds(self, job: ThinkerJob, token_ids: list[int]) -> list[TensorRef]:
+        """The tokens' embeddings in a pool block sent on, when the job wants them: one
+        delta's few rows, which one block holds (no prompt rows: this family sends none)."""
         if not token_ids or not job.embeds:
-            return None
+            return []
         rows = (len(token_ids), self.prompts.hidden)
         with await self.ctx.acquire_tensor(rows, "float32") as lease:
             # A few rows: microseconds, so on the loop, not the torch thread.
             self.prompts.embed_into(token_ids, lease.tensor())
-            return lease.send()
+            return [lease.send()]
 
     def _prompt_of(self, job: ThinkerJob) -> torch.Tensor:
         """The job's prompt, its audio read in place (released once the prompt is built: the
