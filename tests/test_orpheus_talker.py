@@ -4,12 +4,17 @@ The Talker is a tiny random Llama with Orpheus's real vocabulary layout (built h
 seeds); random weights sample audio ids of the wrong frame position 6 times in 7, which the
 Talker skips, so each request samples a fixed number of ids from the audio ids alone and
 yields whatever whole frames they make. One engine for the module.
+
+Parity: the same engine, greedy, against transformers' `LlamaForCausalLM` on the checkpoint it
+serves (tests/greedy_reference.py), on random weights, so it checks the serving path (weights
+read, Llama forward, sampling restrictions), not speech quality.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +22,12 @@ import pytest
 
 from pipeline.families.build_support import read_manifest
 from pipeline.families.orpheus import OrpheusTalker, SnacVoiceBox, build_orpheus
-from pipeline.families.orpheus.codes import CODEBOOK_SIZE, FRAME
+from pipeline.families.orpheus.codes import AUDIO_IDS, CODEBOOK_SIZE, FRAME
 from pipeline.families.orpheus.prompt import PromptBuilder
 from pipeline.families.orpheus.windows import CONTEXT, LOOKAHEAD, Window
 from pipeline.shm import BlockPool
 from pipeline.stage import TalkerJob, TalkerOutput, VoiceBoxJob
+from tests.greedy_reference import Decoded, Restrictions, disagreement, greedy_decode, load_llama
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines
@@ -29,6 +35,14 @@ pytestmark = pytest.mark.engines
 BENCH = "orpheus-bench"
 MAX_TOKENS = 280  # about 40 ids fit their position (1 in 7): 5.7 frames on average
 MIN_FRAMES = 2  # 14 of 280 or fewer: about 5e-5 likely
+PARITY_STEPS = 140  # greedy ids compared with transformers (20 frames' worth)
+# Largest |vLLM - transformers| log-probability of a chosen id allowed (both float32). Measured
+# over the 140 steps: 9.5e-7 (one float32 ulp at about -11 nats); the smallest greedy margin
+# was 2.7e-3, so no step was near a tie.
+LOGPROB_TOLERANCE = 1e-5
+# One element of one tensor and what is added (1% of a final-norm weight): measured 2.4e-4
+# nats off, 24 times the tolerance.
+PERTURBED = ("model.norm.weight", 0, 0.01)
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +156,73 @@ async def test_windows_become_audio_micro_batched_across_calls(
     assert voicebox.forward_calls - calls < len(jobs), "the calls' windows share forwards"
     audio_s = sum(len(pcm) for pcm in pcms) / 24_000
     print_figure(BENCH, "voicebox real-time factor", elapsed / audio_s, "x")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A greedy request's prompt and output on the Talker's engine."""
+
+    prompt: list[int]
+    ids: list[int]
+    logprobs: list[float]
+
+
+@pytest.fixture(scope="module")
+async def greedy(talker: OrpheusTalker) -> Recorded:
+    """The Talker's request for a sentence, greedy (temperature 0): its own prompt and
+    restrictions (audio ids only, repetition penalty, stop id), with the ids' logprobs."""
+    job = TalkerJob("call3/turn1/talker/0", "Tomorrow will be sunny.")
+    sampling = replace(talker.sampling, temperature=0.0, top_p=1.0, max_tokens=PARITY_STEPS,
+                       logprobs=True)
+    ids: list[int] = []
+    logprobs: list[float] = []
+    async for delta in talker.engine.generate(job.request_id, talker.prompt(job), sampling):
+        ids += delta.token_ids
+        logprobs += delta.logprobs or []
+    return Recorded(talker.prompt(job), ids, logprobs)
+
+
+def _reference(talker: OrpheusTalker, recorded: Recorded,
+               perturbed: tuple[str, int, float] | None = None) -> Decoded:
+    """transformers' greedy run on the checkpoint the engine serves, with the stage's
+    restrictions, `perturbed` (a tensor name, a flat index, an amount added) if given."""
+    model = load_llama(Path(talker.engine.settings.model))
+    if perturbed is not None:
+        name, index, amount = perturbed
+        model.get_parameter(name).data.view(-1)[index] += amount
+    restrictions = Restrictions(talker.sampling.allowed_token_ids,
+                                talker.sampling.repetition_penalty,
+                                talker.sampling.stop_token_ids or [])
+    return greedy_decode(model, recorded.prompt, PARITY_STEPS, restrictions)
+
+
+def test_talker_matches_transformers_greedy(talker: OrpheusTalker, greedy: Recorded) -> None:
+    """The Talker's greedy ids on vLLM are transformers' `LlamaForCausalLM`'s, step by step
+    (140 forward() calls on the same prompt ids), and their log-probabilities agree within
+    LOGPROB_TOLERANCE. Random weights (the tiny build): this checks the serving path, not
+    speech. Both sides apply the stage's own restrictions: the audio ids only, the stop id and
+    its default repetition penalty of 1.3, kept rather than set to 1.0 because the stage applies
+    it even when greedy (without it the reference's ids part from vLLM's at step 25)."""
+    assert talker.sampling.repetition_penalty == 1.3
+    reference = _reference(talker, greedy)
+    first, worst = disagreement(reference, greedy.ids, greedy.logprobs)
+    print_figure(BENCH, "parity: greedy ids compared", len(greedy.ids), "ids")
+    print_figure(BENCH, "parity: max |logprob difference|", worst * 1e6, "micro-nats")
+    print_figure(BENCH, "parity: smallest greedy margin", min(reference.margins) * 1e3,
+                 "milli (logit units)")
+    assert len(greedy.ids) == len(greedy.logprobs) == PARITY_STEPS
+    assert all(token in AUDIO_IDS for token in greedy.ids), "the stage's allowed ids"
+    assert first is None, f"ids differ from step {first}"
+    assert worst <= LOGPROB_TOLERANCE
+
+
+def test_parity_fails_on_a_perturbed_weight(talker: OrpheusTalker, greedy: Recorded) -> None:
+    """The parity comparison catches a small weight difference: the reference with one
+    weight changed by 0.01 (1% of a final-norm weight; in memory, the checkpoint untouched)
+    against the same recorded vLLM run must fail it, by ids or by log-probabilities."""
+    first, worst = disagreement(_reference(talker, greedy, PERTURBED), greedy.ids,
+                                greedy.logprobs)
+    print_figure(BENCH, "perturbed: ids agreeing", len(greedy.ids) if first is None else first,
+                 "ids")
+    print_figure(BENCH, "perturbed: max |logprob difference|", worst * 1e6, "micro-nats")
+    assert first is not None or worst > LOGPROB_TOLERANCE

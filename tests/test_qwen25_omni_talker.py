@@ -51,7 +51,9 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return models
 
 
-pool = pool_fixture("omnivox-omni-talker-test", block_count=16, block_size=1 << 20)
+# Blocks of the smallest size the settings allow: 8 rows of the tiny width, so a chunk's rows
+# come in several pieces, as the real width's (3584) do in 1 MiB blocks past 73 rows.
+pool = pool_fixture("omnivox-omni-talker-test", block_count=64, block_size=4096)
 talker = stage_fixture(OmniTalker, {"engine": {"max_model_len": 256,
                                                "kv_cache_memory_bytes": 32 * 2**20},
                                     "max_codes": 48, "temperature": 0.0}, BENCH)
@@ -193,7 +195,7 @@ async def test_the_thinker_stages_rows_drive_it_as_the_reference_generate_does(
 
 async def _job(pool: BlockPool, request_id: str, rows: torch.Tensor, **kw: int | str | bool
                ) -> TalkerJob:
-    return TalkerJob(request_id, "", text_embeds=[await pool.put(rows.numpy(), 1.0)], **kw)
+    return TalkerJob(request_id, "", text_embeds=[*await pool.put_rows(rows.numpy(), 1.0)], **kw)
 
 
 async def _chunks(talker: OmniTalker, jobs: list[TalkerJob]) -> list[TalkerOutput]:
@@ -221,6 +223,7 @@ async def test_stage_voices_a_turn_chunk_by_chunk_in_groups_and_batches_turns(
                           first_group=2, group=8, prompt_rows=PROMPT_ROWS)
         tail = await _job(pool, f"{base}/1", replies[index][3:], first_group=8, group=8,
                           last=True)
+        assert len(head.text_embeds) == 2, "the prompt part and first rows: two blocks"
         return await _chunks(talker, [head, tail])
 
     outputs = await asyncio.gather(*(turn(index) for index in range(3)))

@@ -14,6 +14,7 @@ thinker's forward() over the prompt and the recited tokens (teacher forcing).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni, r
 from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.thinker import OmniThinker
 from pipeline.shm import BlockPool
-from pipeline.stage import ThinkerJob, ThinkerOutput
+from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines
@@ -74,10 +75,9 @@ def _utterance(seconds: float) -> np.ndarray:
 def _rows(pool: BlockPool, outputs: list[ThinkerOutput]) -> torch.Tensor:
     """The outputs' Talker rows joined, their blocks released."""
     pieces = []
-    for out in outputs:
-        if out.embeds is not None:
-            pieces.append(pool.view(out.embeds).copy())
-            pool.release(out.embeds)
+    for ref in (ref for out in outputs for ref in out.embeds):
+        pieces.append(pool.view(ref).copy())
+        pool.release(ref)
     return torch.from_numpy(np.concatenate(pieces))
 
 
@@ -129,7 +129,7 @@ async def test_thinker_matches_transformers_tokens_and_talker_rows(
     outputs = [out async for out in thinker.stream(job)]
     tokens = [t for out in outputs for t in out.token_ids]
     prompt_tokens = outputs[0].prompt_tokens
-    first_rows = pool.view(outputs[0].embeds).shape[0]
+    first_rows = sum(pool.view(ref).shape[0] for ref in outputs[0].embeds)
     rows = _rows(pool, outputs)
     assert pool.in_use == held_before, "the audio block and every embeds block are released"
     assert rows.shape == (prompt_tokens + STEPS, 128)
@@ -172,6 +172,36 @@ async def test_recited_reply_rows_match_transformers_teacher_forced(
     assert rows.shape == ref_rows.shape and diff <= ROWS_ATOL
 
 
+async def test_prompt_rows_larger_than_a_block_cross_in_pieces(
+    thinker: OmniThinker, pool: BlockPool
+) -> None:
+    """At the real width a 1 MiB block holds 73 rows, fewer than a prompt makes; here blocks of
+    the smallest size the settings allow (4 KiB: 8 rows of the tiny width) make the same
+    overflow. The first output's prompt and reply rows come in as many pieces as they need,
+    each within a block, and the Talker's join of them (`take_tensors`) is exactly the rows
+    the same recited job sends through the module's big blocks."""
+    job = ThinkerJob("call1/turn5/thinker", MESSAGES, recite="Hello, how can I help you today?")
+    big = _rows(pool, [out async for out in thinker.stream(job)])
+    small = BlockPool.create(f"omnivox-omni-small-{os.getpid()}", block_count=64, block_size=4096)
+    big_ctx, thinker.ctx = thinker.ctx, StageContext(small, thinker.ctx.settings,
+                                                        thinker.ctx.models_dir)
+    try:
+        outputs = [out async for out in thinker.stream(job)]
+        first = outputs[0].embeds
+        rows = outputs[0].prompt_rows + len(outputs[0].token_ids)
+        assert len(first) == -(-rows // 8) > 1, "the first output's rows need several blocks"
+        assert all(ref.shape[0] <= 8 and ref.nbytes <= 4096 for ref in first)
+        joined = np.concatenate([thinker.ctx.take_tensors(out.embeds)
+                                 for out in outputs if out.embeds])
+        assert small.in_use == 0, "every piece released once read"
+    finally:
+        thinker.ctx = big_ctx
+        small.close()
+        small.unlink()
+    print_figure(BENCH, f"first output's {rows} rows in 4 KiB blocks", len(first), "pieces")
+    np.testing.assert_array_equal(joined, big.numpy())
+
+
 async def test_stream_closed_midway_leaves_no_request_and_no_block(
     thinker: OmniThinker, pool: BlockPool
 ) -> None:
@@ -181,8 +211,8 @@ async def test_stream_closed_midway_leaves_no_request_and_no_block(
     stream = thinker.stream(job)
     for _ in range(3):
         out = await anext(stream)
-        if out.embeds is not None:
-            pool.release(out.embeds)
+        for ref in out.embeds:
+            pool.release(ref)
     await stream.aclose()
     assert thinker.active_request_ids() == []
     assert pool.in_use == held_before, "the audio block was released once encoded"
@@ -192,7 +222,7 @@ async def test_text_only_job_sends_no_rows(thinker: OmniThinker, pool: BlockPool
     job = ThinkerJob("call1/turn2/thinker", MESSAGES, max_tokens=4, embeds=False)
     outputs = [out async for out in thinker.stream(job)]
     assert sum(len(out.token_ids) for out in outputs) == 4
-    assert all(out.embeds is None for out in outputs)
+    assert all(out.embeds == [] for out in outputs)
 
 
 def test_check_release_refuses_absent_and_wrong_directories(

@@ -109,6 +109,7 @@ class Sampling:
     stop: list[str] | None = None  # strings that end the output (left out of it)
     stop_token_ids: list[int] | None = None  # ids that end the output (a speech end id)
     repetition_penalty: float = 1.0  # > 1 discourages ids already in prompt or output
+    logprobs: bool = False  # each Delta carries its ids' log-probabilities (parity tests)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ class Delta:
     token_ids: list[int]
     finished: bool
     finish_reason: str | None
+    # The ids' log-probabilities under the model's raw distribution (before masks, penalties
+    # and temperature), when the Sampling asked for them.
+    logprobs: list[float] | None = None
 
 
 def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,7 +212,7 @@ class VllmEngine:
             async for output in outputs:
                 completion = output.outputs[0]
                 yield Delta(completion.text, list(completion.token_ids), output.finished,
-                            completion.finish_reason)
+                            completion.finish_reason, _sampled_logprobs(completion))
 
     async def next_token_logprobs(self, request_id: str, prompt: list[int],
                                   top: int = TOP_LOGPROBS) -> dict[int, float]:
@@ -295,8 +299,17 @@ class VllmEngine:
             stop=sampling.stop,
             stop_token_ids=sampling.stop_token_ids,
             repetition_penalty=sampling.repetition_penalty,
+            logprobs=0 if sampling.logprobs else None,  # 0: the sampled id's alone
             output_kind=RequestOutputKind.DELTA,
         )
+
+
+def _sampled_logprobs(completion: Any) -> list[float] | None:
+    """The log-probability of each id of a vLLM completion delta; None if none were asked."""
+    steps = completion.logprobs
+    if steps is None:
+        return None
+    return [float(steps[i][token].logprob) for i, token in enumerate(completion.token_ids)]
 
 
 def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:

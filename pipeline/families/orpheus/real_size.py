@@ -7,6 +7,11 @@ control ids at their places); its safetensors is sparse (`dummy_weights.py`): vL
 with `load_format="dummy"`. SNAC is `SNAC_24KHZ`, the released snac_24khz's own constructor
 arguments, with the `snac` package's random initialisation (20M parameters: written whole).
 The layout is a real checkpoint's: talker/ and snac/ in one directory.
+
+`write_real_width_checkpoint` writes the same widths with the talker cut to a layer or two and
+RANDOM weights (bfloat16, a fixed seed), beside a Qwen2.5-Omni thinker/ at its real widths
+(`qwen25_omni.real_widths`): a checkpoint that `omnivox serve --profile orpheus --device cpu`
+runs on a CPU, to rehearse the real sizes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from snac import SNAC
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -26,6 +32,7 @@ from pipeline.families.dummy_weights import (
 )
 from pipeline.families.orpheus import prompt
 from pipeline.families.orpheus.build import VOCAB_SIZE, _write_tokenizer
+from pipeline.families.orpheus.release import THINKER
 from pipeline.families.orpheus.snac_decoder import SNAC_24KHZ, write_snac
 
 TALKER, SNAC_DIR = "talker", "snac"  # a real checkpoint's parts
@@ -63,9 +70,39 @@ def write_dummy_checkpoint(directory: Path, seed: int = 0) -> None:
     write_snac(directory / SNAC_DIR, SNAC_24KHZ, seed)
 
 
+def write_real_width_checkpoint(directory: Path, layers: int = 1, seed: int = 0,
+                                thinker: Path | None = None) -> Path:
+    """Write talker/ (Orpheus 3B's widths, `layers` layers, random weights), snac/ (random)
+    and thinker/ (a real-width Qwen2.5-Omni release; `thinker`: link that one instead)."""
+    from pipeline.families.qwen25_omni.real_widths import write_real_width_release
+
+    directory = Path(directory)
+    config = talker_config()
+    config.num_hidden_layers = layers
+    talker = directory / TALKER
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built as stored: half the RAM
+    try:
+        LlamaForCausalLM(config).save_pretrained(talker)
+    finally:
+        torch.set_default_dtype(default)
+    write_json(talker / "generation_config.json", {
+        "bos_token_id": prompt.BEGIN_OF_TEXT, "eos_token_id": prompt.END_OF_SPEECH,
+        "pad_token_id": prompt.END_OF_SPEECH})
+    _write_tokenizer(talker)
+    write_snac(directory / SNAC_DIR, SNAC_24KHZ, seed)
+    if thinker is None:
+        write_real_width_release(directory / THINKER, layers, seed)
+    else:
+        (directory / THINKER).symlink_to(Path(thinker).resolve())
+    return directory
+
+
 def stage_sizes(checkpoint: Path) -> dict[str, Any]:
     """Per stage and part of a checkpoint (talker/, snac/): parameters and weight memory
-    (talker bfloat16, SNAC float32), counted on the meta device from the config files."""
+    (talker bfloat16, SNAC float32, as the `orpheus` profile places them on a GPU), counted on
+    the meta device from the config files."""
     config = LlamaConfig.from_pretrained(Path(checkpoint) / TALKER)
     tensors = meta_tensors(lambda: LlamaForCausalLM(config))
     if config.tie_word_embeddings:
@@ -75,5 +112,5 @@ def stage_sizes(checkpoint: Path) -> dict[str, Any]:
     snac = parameter_count(meta_tensors(lambda: SNAC(**snac_config)))
     return {"talker": {"Orpheus talker (vLLM)": {"parameters": talker,
                                                  "weight_bytes": 2 * talker}},
-            "voicebox": {"SNAC 24 kHz (torch, float32)": {"parameters": snac,
-                                                          "weight_bytes": 4 * snac}}}
+            "voicebox": {"SNAC 24 kHz (torch)": {"parameters": snac,
+                                                 "weight_bytes": 4 * snac}}}

@@ -46,12 +46,15 @@ class OrpheusTalker(EngineStage[TalkerJob, TalkerOutput]):
             seed=settings.get("seed"), detokenize=False)
         self.voice = str(settings.get("voice", DEFAULT_VOICE))
 
-    async def stream(self, job: TalkerJob) -> AsyncIterator[TalkerOutput]:
+    def prompt(self, job: TalkerJob) -> list[int]:
+        """The job's prompt ids, in the stage's voice unless the job names its own."""
         voice = self.voice if job.voice == "default" else job.voice
-        prompt = self.prompts.ids(voice, job.text)
+        return self.prompts.ids(voice, job.text)
+
+    async def stream(self, job: TalkerJob) -> AsyncIterator[TalkerOutput]:
         frames = FrameAssembler()
         cutter = WindowCutter(group=job.group // FRAME, first=max(1, job.first_group // FRAME))
-        deltas = self.engine.generate(job.request_id, prompt, self.sampling)
+        deltas = self.engine.generate(job.request_id, self.prompt(job), self.sampling)
         async with aclosing(deltas):
             async for delta in deltas:
                 windows = cutter.add(frames.feed(delta.token_ids))

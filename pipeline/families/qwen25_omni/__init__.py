@@ -1,18 +1,26 @@
 """The qwen25_omni model family: Qwen2.5-Omni's thinker, talker and token2wav on omnivox.
 
 Its stages read a Qwen2.5-Omni release directory (the real one, or the tiny random-weight one
-`build` writes) with the same code. See build.py for the built layout.
+`build` writes) with the same code. See build.py for the built layout. The stages (which import
+vLLM) load on first use (`family.py`); `build` and the torch-only modules import without them.
 """
 
-from pipeline.families.qwen25_omni.build import build_qwen25_omni
-from pipeline.families.qwen25_omni.release import check_release
-from pipeline.families.qwen25_omni.talker import OmniTalker
-from pipeline.families.qwen25_omni.thinker import OmniThinker
-from pipeline.families.qwen25_omni.voicebox import OmniVoiceBox
+from typing import TYPE_CHECKING
 
-STAGES = {"thinker": OmniThinker, "talker": OmniTalker, "voicebox": OmniVoiceBox}
+from pipeline.families import exports_on_first_use
+from pipeline.families.qwen25_omni.build import build_qwen25_omni
+from pipeline.families.qwen25_omni.real_widths import write_real_width_release
+from pipeline.families.qwen25_omni.release import check_release
+
+if TYPE_CHECKING:
+    from pipeline.families.qwen25_omni.family import STAGES, OmniTalker, OmniThinker, OmniVoiceBox
+
 build = build_qwen25_omni
+write_real_widths = write_real_width_release  # `models build ... --real-widths DIR`
 check_checkpoint = check_release  # a real release, before serving it (--model-path)
 
 __all__ = ["STAGES", "OmniTalker", "OmniThinker", "OmniVoiceBox", "build", "build_qwen25_omni",
-           "check_checkpoint"]
+           "check_checkpoint", "write_real_widths"]
+
+__getattr__ = exports_on_first_use(__name__, ["STAGES", "OmniTalker", "OmniThinker",
+                                              "OmniVoiceBox"])

@@ -4,7 +4,9 @@ transformers' own `Qwen2_5OmniAudioEncoder` module, its weights loaded from the 
 (`thinker.audio_tower.*`), fed the release's Whisper log-mel features exactly as the
 reference processor makes them: padded to 30 s ("max_length"; the log-mel floor depends on
 the whole padded array), then only the frames of real audio kept. Longer audio is cut at 30 s,
-as the processor cuts it. One output row per 40 ms of audio.
+as the processor cuts it. One output row per 40 ms of audio. The encoder runs where its
+`Placement` says (the CPU in float32 by default; the GPU in bfloat16 in the `omni` profile);
+the features are computed on the CPU and its rows stay on its device.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from transformers import Qwen2_5OmniConfig, WhisperFeatureExtractor
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
 
 from pipeline.families.qwen25_omni.release import release_tensors
+from pipeline.families.torch_placement import Placement
 
 SAMPLE_RATE = 16000
 INT16_SCALE = 32768.0
@@ -26,17 +29,23 @@ INT16_SCALE = 32768.0
 class AudioTower:
     """16 kHz mono audio -> (rows, thinker hidden) float32 audio features."""
 
-    def __init__(self, features: WhisperFeatureExtractor, encoder: Qwen2_5OmniAudioEncoder):
+    def __init__(self, features: WhisperFeatureExtractor, encoder: Qwen2_5OmniAudioEncoder,
+                 placement: Placement):
         self.features = features
         self.encoder = encoder
+        self.placement = placement
 
     @classmethod
-    def load(cls, release: Path) -> AudioTower:
-        """The release's feature extractor and audio encoder (float32, eval)."""
+    def load(cls, release: Path, placement: Placement | None = None) -> AudioTower:
+        """The release's feature extractor and audio encoder (eval), placed (default: CPU,
+        float32)."""
+        placement = placement or Placement(torch.device("cpu"), torch.float32)
         thinker: Any = Qwen2_5OmniConfig.from_pretrained(release).thinker_config  # a sub-config
-        encoder = Qwen2_5OmniAudioEncoder._from_config(thinker.audio_config, dtype=torch.float32)
+        encoder = Qwen2_5OmniAudioEncoder._from_config(thinker.audio_config,
+                                                       dtype=placement.dtype)
         encoder.load_state_dict(release_tensors(release, "thinker.audio_tower."))
-        return cls(WhisperFeatureExtractor.from_pretrained(release), encoder.eval())
+        torch.nn.Module.to(encoder, placement.device)  # in place (typed apart from PreTrained)
+        return cls(WhisperFeatureExtractor.from_pretrained(release), encoder.eval(), placement)
 
     @torch.inference_mode()
     def encode(self, audio: np.ndarray) -> torch.Tensor:
@@ -46,8 +55,9 @@ class AudioTower:
             pcm = pcm.astype(np.float32) / INT16_SCALE
         mel = self.features(pcm, sampling_rate=SAMPLE_RATE, padding="max_length",
                             return_attention_mask=True, return_tensors="pt")
-        frames = mel["attention_mask"].sum(-1)  # (1,): the frames of real audio
-        features = mel["input_features"][0, :, : int(frames[0])]
+        device, dtype = self.placement.device, self.placement.dtype
+        frames = mel["attention_mask"].sum(-1).to(device)  # (1,): the frames of real audio
+        features = mel["input_features"][0, :, : int(frames[0])].to(device, dtype)
         after_cnn, _ = self.encoder._get_feat_extract_output_lengths(frames)
         encoded = self.encoder(features, feature_lens=frames, aftercnn_lens=after_cnn)
         rows: torch.Tensor = encoded.last_hidden_state

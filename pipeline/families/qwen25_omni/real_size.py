@@ -48,9 +48,8 @@ STAGE_PARTS: dict[str, dict[str, tuple[str, ...]]] = {
     "thinker": {"thinker LM (vLLM)": THINKER_LM, "thinker LM states (torch)": THINKER_LM,
                 "audio tower (torch)": ("thinker.audio_tower.",)},
     "talker": {"talker LM (vLLM)": ("talker.",)},
-    "voicebox": {"token2wav (torch, float32)": ("token2wav.",)},
+    "voicebox": {"token2wav (torch)": ("token2wav.",)},
 }
-FLOAT32_PARTS = {"token2wav (torch, float32)"}  # the VoiceBox runs token2wav as the reference
 
 
 def real_config() -> Qwen2_5OmniConfig:
@@ -88,14 +87,15 @@ def release_tensors(config: Qwen2_5OmniConfig) -> dict[str, torch.Tensor]:
 
 
 def stage_sizes(tensors: dict[str, torch.Tensor], states_bytes: int = 2) -> dict[str, Any]:
-    """Per stage and part: parameters and weight memory in bytes (bfloat16, token2wav float32,
-    the thinker's hidden-state model at `states_bytes` per parameter)."""
+    """Per stage and part: parameters and weight memory in bytes (bfloat16, as the `omni`
+    profile places them on a GPU; the thinker's hidden-state model at `states_bytes` per
+    parameter)."""
     stages: dict[str, Any] = {}
     for stage, parts in STAGE_PARTS.items():
         rows = {}
         for part, prefixes in parts.items():
             count = sum(parameter_count(tensors, prefix) for prefix in prefixes)
-            width = 4 if part in FLOAT32_PARTS else states_bytes if "states" in part else 2
+            width = states_bytes if "states" in part else 2
             rows[part] = {"parameters": count, "weight_bytes": count * width}
         stages[stage] = rows
     return stages

@@ -1,13 +1,17 @@
 """Qwen2.5-Omni release directories: the tiny random one we build, and checks on any one.
 
 A release directory has the Hugging Face layout of the published Qwen2.5-Omni checkpoints:
-config.json (architecture `Qwen2_5OmniForConditionalGeneration`), the safetensors weights of
+config.json (architecture `Qwen2_5OmniModel` as published, or
+`Qwen2_5OmniForConditionalGeneration` as transformers writes it), the safetensors weights of
 thinker, talker and token2wav, generation_config.json, the tokenizer files,
 preprocessor_config.json (the Whisper feature extractor) and spk_dict.pt (the speakers). The
 stages read real and tiny releases with the same code.
 
 The tiny release is transformers' own model class at the sizes of `tiny_config`, with RANDOM
-weights from a fixed torch seed: it exercises the real architecture, it says nothing.
+weights from a fixed torch seed: it exercises the real architecture, it says nothing. Its
+Linear biases are random too (`random_biases`): transformers' initialisation zeroes them, and a
+parity test over zero biases cannot see a converter that drops one (real Qwen2 q/k/v biases are
+large).
 The processor itself is not saved (its video part needs torchvision, which the CPU torch here
 cannot load): its tokenizer and feature extractor are, which is all the audio path reads.
 """
@@ -32,11 +36,15 @@ from transformers import (
 from pipeline.families.qwen25_omni import tiny_tokenizer
 from pipeline.families.qwen25_omni.tiny_config import TokenIds, tiny_config
 
-ARCHITECTURE = "Qwen2_5OmniForConditionalGeneration"
+ARCHITECTURE = "Qwen2_5OmniModel"  # what the published config.json names
+ARCHITECTURES = (ARCHITECTURE, "Qwen2_5OmniForConditionalGeneration")  # either is accepted
 MODEL_TYPE = "qwen2_5_omni"
 N_MELS = 128  # the audio tower's mel bins (the real release's WhisperFeatureExtractor)
 WEIGHTS_INDEX = "model.safetensors.index.json"
+THINKER_HEAD = "thinker.lm_head.weight"
 REF_MEL_FRAMES = 30  # the tiny speakers' reference mel length
+BIAS_STD = 0.1  # random Linear biases: about half a projection's output spread at init
+DEFAULT_SPEAKER = "Chelsie"  # the reference generate()'s speaker, for the voice "default"
 
 
 # The tiny BigVGAN's random convolutions shrink the signal at each layer: its output peaked at
@@ -54,11 +62,30 @@ def write_tiny_release(directory: Path, seed: int) -> None:
     config = tiny_config(ids)
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    random_biases(model, torch.Generator().manual_seed(seed + 2))
     with torch.no_grad():  # random weights speak at ~1e-8 of full scale: make the noise heard
         model.token2wav.code2wav_bigvgan_model.conv_post.weight.mul_(BIGVGAN_GAIN)
     model.generation_config = generation_config(ids)
     model.save_pretrained(directory)
+    name_architecture(directory)
     write_release_files(directory, tokenizer, config, seed)
+
+
+@torch.no_grad()
+def random_biases(model: torch.nn.Module, generator: torch.Generator) -> None:
+    """Give every Linear bias of `model` random values (normal, BIAS_STD)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            module.bias.copy_(torch.randn(module.bias.shape, generator=generator) * BIAS_STD)
+
+
+def name_architecture(directory: Path) -> None:
+    """Name the architecture in config.json as the published release does (transformers
+    writes its class's name), so the tiny release is laid out exactly as a real one."""
+    path = Path(directory) / "config.json"
+    config = json.loads(path.read_text())
+    config["architectures"] = [ARCHITECTURE]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def generation_config(ids: TokenIds) -> GenerationConfig:
@@ -94,15 +121,45 @@ def check_release(directory: Path) -> dict:
         raise FileNotFoundError(f"{directory} is not a Qwen2.5-Omni release: no config.json")
     config: dict = json.loads(config_path.read_text())
     architectures = config.get("architectures") or []
-    if config.get("model_type") != MODEL_TYPE or ARCHITECTURE not in architectures:
+    if config.get("model_type") != MODEL_TYPE or not set(ARCHITECTURES) & set(architectures):
         raise ValueError(
             f"{directory} is not a Qwen2.5-Omni release: config.json has model_type "
             f"{config.get('model_type')!r} and architectures {architectures}, expected "
-            f"{MODEL_TYPE!r} and {ARCHITECTURE}")
+            f"{MODEL_TYPE!r} and one of {', '.join(ARCHITECTURES)}")
     missing = [name for name in _required_files(directory) if not (directory / name).is_file()]
     if missing:
         raise FileNotFoundError(f"Qwen2.5-Omni release at {directory} lacks {', '.join(missing)}")
+    if not thinker_head_tied(directory) and THINKER_HEAD not in release_tensor_names(directory):
+        raise ValueError(f"Qwen2.5-Omni release at {directory} lacks {THINKER_HEAD}: its "
+                         "config.json says the thinker's embeddings are not tied")
     return config
+
+
+def thinker_head_tied(release: Path) -> bool:
+    """Whether the thinker's lm_head is its input embedding (tie_word_embeddings, which the
+    smaller release may set), as its text config says."""
+    config = json.loads((Path(release) / "config.json").read_text())
+    text = config.get("thinker_config", {}).get("text_config", {})
+    return bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+
+
+def release_tensor_names(release: Path) -> set[str]:
+    """Every tensor name the release's weights hold (from the index, or the one file)."""
+    index = Path(release) / WEIGHTS_INDEX
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    with safe_open(Path(release) / "model.safetensors", "pt") as source:
+        return set(source.keys())
+
+
+def speaker_for(voice: str, speakers: list[str]) -> str:
+    """The release speaker a job's voice names: "default" is Chelsie (the reference's) where
+    the release has her, else its first; the Talker and the VoiceBox both choose by this."""
+    if voice == "default":
+        return DEFAULT_SPEAKER if DEFAULT_SPEAKER in speakers else speakers[0]
+    if voice not in speakers:
+        raise ValueError(f"unknown voice {voice!r}; this release has {speakers}")
+    return voice
 
 
 def release_shards(release: Path) -> list[str]:
@@ -133,7 +190,9 @@ def release_tensors(release: Path, prefix: str) -> dict[str, torch.Tensor]:
 
 
 def _required_files(directory: Path) -> list[str]:
-    weights = WEIGHTS_INDEX if (directory / WEIGHTS_INDEX).is_file() else "model.safetensors"
+    """What must be there before anything starts: every shard the index names included."""
     tokenizer = "tokenizer.json" if (directory / "tokenizer.json").is_file() else "vocab.json"
-    return [weights, tokenizer, "tokenizer_config.json", "preprocessor_config.json",
+    weights = [WEIGHTS_INDEX, *release_shards(directory)] if (
+        directory / WEIGHTS_INDEX).is_file() else ["model.safetensors"]
+    return [*weights, tokenizer, "tokenizer_config.json", "preprocessor_config.json",
             "spk_dict.pt"]

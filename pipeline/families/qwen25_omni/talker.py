@@ -25,6 +25,7 @@ import torch
 
 from pipeline.engines.vllm import EngineSettings, VllmEngine
 from pipeline.families.qwen25_omni.build import FAMILY, release_dir
+from pipeline.families.qwen25_omni.release import speaker_for
 from pipeline.families.qwen25_omni.talker_lm import (
     LM_DIR,
     TalkerExtras,
@@ -35,7 +36,6 @@ from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn,
 from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
 from pipeline.stage import StageContext, TalkerJob, TalkerOutput
 
-DEFAULT_VOICE = "Chelsie"  # the reference generate()'s default speaker, for voice "default"
 MAX_TURNS = 256  # turns whose state is kept between chunks at most (oldest dropped)
 
 
@@ -135,12 +135,8 @@ class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
         return turn
 
     def _voice(self, voice: str) -> str:
-        """The release's voice for a job's: "default" is the setting `voice`, or Chelsie."""
-        if voice != "default":
-            return voice
-        voices = list(self.extras.text_bos)
-        return str(self.ctx.settings.get("voice") or
-                   (DEFAULT_VOICE if DEFAULT_VOICE in voices else voices[0]))
+        """The release's speaker for a job's voice, chosen as the VoiceBox chooses it."""
+        return speaker_for(voice, list(self.extras.text_bos))
 
     def _rows(self, job: TalkerJob) -> torch.Tensor | None:
         """A copy of the job's rows (float32, CPU), its blocks released; in the torch thread."""

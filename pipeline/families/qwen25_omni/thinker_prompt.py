@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pipeline.families.qwen25_omni.audio_tower import AudioTower
+from pipeline.families.torch_placement import Placement
 
 AUDIO = "<|AUDIO|>"
 CHAT_TEMPLATE_FILE = "chat_template.json"
@@ -50,12 +51,14 @@ class ThinkerPromptBuilder:
         self.specials: list[str] = list(tokenizer.all_special_tokens)
 
     @classmethod
-    def load(cls, release: Path, tokenizer: Any, embed_table: torch.Tensor) -> ThinkerPromptBuilder:
-        """The builder for a release, with the thinker's (vocab, hidden) embedding table."""
+    def load(cls, release: Path, tokenizer: Any, embed_table: torch.Tensor,
+             tower: Placement | None = None) -> ThinkerPromptBuilder:
+        """The builder for a release, with the thinker's (vocab, hidden) embedding table and
+        its audio tower placed at `tower` (default: CPU, float32)."""
         template_file = Path(release) / CHAT_TEMPLATE_FILE
         template = (json.loads(template_file.read_text())["chat_template"]
                     if template_file.is_file() else None)
-        return cls(tokenizer, template, embed_table, AudioTower.load(release))
+        return cls(tokenizer, template, embed_table, AudioTower.load(release, tower))
 
     def token_ids(self, messages: list[dict[str, str]], audio_rows: int | None) -> list[int]:
         """The chat-templated prompt's ids, the audio placeholder widened to `audio_rows`."""
@@ -86,7 +89,7 @@ class ThinkerPromptBuilder:
         embeds = self.embed_table[index]
         audio_rows = index == self.audio_id
         if features is not None:
-            # the table may live on a GPU (states_device) while the audio tower runs on the CPU
+            # the table and the audio tower may live apart (states_device, audio_device)
             embeds[audio_rows] = features.to(embeds.device, embeds.dtype)
         return ThinkerPrompt(ids, embeds, audio_rows)
 

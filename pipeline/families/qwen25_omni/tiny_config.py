@@ -3,7 +3,9 @@
 Every part the real release has is here (thinker with audio and vision encoders, talker,
 token2wav's DiT and BigVGAN), shrunk so a random-weight build takes about a second and each
 stage runs on a CPU in milliseconds. Attention layers served by vLLM (the thinker's and the
-talker's language models) use head_dim 64, a size CPU attention accepts. Special token ids
+talker's language models) use head_dim 64, a size CPU attention accepts. The talker keeps the
+real one's head layout: more heads than its width holds (3 of 64 in 128, as 12 of 128 in 896)
+and three query heads a key/value head. Special token ids
 follow the tiny tokenizer (`tiny_tokenizer.TinyTokens`), laid out after the BPE vocabulary as
 the real tokenizer's are after its own.
 """
@@ -16,7 +18,8 @@ from transformers import Qwen2_5OmniConfig
 
 THINKER_HIDDEN = 128
 TALKER_HIDDEN = 128
-HEAD_DIM = 64  # both LMs: 2 heads of 64
+HEAD_DIM = 64  # both LMs: the thinker's 2 heads of 64, the talker's 3
+TALKER_HEADS = 3  # heads x head_dim = 192, not the width: the real talker's 12 x 128 in 896
 MROPE_SECTION = [8, 12, 12]  # sums to HEAD_DIM / 2, as the real [16, 24, 24] does to 64
 CODEC_CODES = 256  # speech codes 0..255 (the real release has 8192)
 CODEC_VOCAB = 320  # codes, then the codec's specials (the real release: 8448)
@@ -87,7 +90,7 @@ def _thinker(ids: TokenIds) -> dict:
 def _talker(ids: TokenIds) -> dict:
     return {
         "vocab_size": CODEC_VOCAB, "embedding_size": THINKER_HIDDEN, "hidden_size": TALKER_HIDDEN,
-        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": TALKER_HEADS,
         "num_key_value_heads": 1, "head_dim": HEAD_DIM, "max_position_embeddings": 4096,
         "rope_parameters": _rope(),
         "audio_token_index": ids.audio, "image_token_index": ids.image,

@@ -133,11 +133,13 @@ class NoiseTable:
 
 
 class WindowRenderer:
-    """Renders windows of a token2wav model, batched, into float32 PCM."""
+    """Renders windows of a token2wav model, batched, into float32 PCM. The model runs where it
+    lies, in its own dtype (the VoiceBox loads it in float32 on the CPU, as the reference runs
+    it; `omnivox bench gpu-torch` builds it in bfloat16 on a GPU)."""
 
     def __init__(self, model: Qwen2_5OmniToken2WavModel, noise: NoiseTable | None = None,
                  settings: SamplerSettings | None = None) -> None:
-        self.model = model.float().eval()
+        self.model = model.eval()
         self.dit: Qwen2_5OmniToken2WavDiTModel = model.code2wav_dit_model
         dit_config = self.dit.config
         if dit_config.block_size % dit_config.repeats:
@@ -168,7 +170,7 @@ class WindowRenderer:
         for rows in _by_reference_length(windows, speakers):
             mels = self.sample_mels([windows[row] for row in rows], [speakers[row] for row in rows])
             for row, mel in zip(rows, mels, strict=True):
-                wave = self.model.code2wav_bigvgan_model(mel[None]).reshape(-1)
+                wave = self.model.code2wav_bigvgan_model(mel[None]).reshape(-1).float()
                 first = windows[row].keep_from * step
                 waves[row] = wave[first: first + windows[row].new_tokens * step]
         return waves
@@ -184,11 +186,11 @@ class WindowRenderer:
         for row, window in enumerate(windows):
             codes[row, : len(window.tokens)] = torch.tensor(window.tokens, dtype=torch.long)
             noise[row, : frames[row]] = self.noise.frames(window.start * self.repeats, frames[row])
-        device = self.dit.device  # built on the CPU, moved to the model's device
-        conditioning = torch.cat([s.conditioning for s in speakers]).float().to(device)
-        reference_mel = torch.cat([s.reference_mel for s in speakers]).float().to(device)
+        device, dtype = self.dit.device, self.dit.dtype  # inputs made on the CPU go there
+        conditioning = torch.cat([s.conditioning for s in speakers]).to(device, dtype)
+        reference_mel = torch.cat([s.reference_mel for s in speakers]).to(device, dtype)
         with _masked_padding(self.dit, frames, longest):
-            mel = sample(self.dit, noise.to(device), conditioning, reference_mel,
+            mel = sample(self.dit, noise.to(device, dtype), conditioning, reference_mel,
                          codes.to(device), self.settings)
         return [mel[row, :, :count] for row, count in enumerate(frames)]
 

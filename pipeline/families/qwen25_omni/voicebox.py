@@ -7,29 +7,34 @@ per window); each job's samples are copied into the pool block leased for it.
 
 A turn's jobs share its tokens (`TurnTokens`): the request ids `call/turn/voicebox/<group>` name
 the turn (everything before the last `/`), as the cascade forms them, and a turn's jobs come
-one after another. Turns are dropped when aborted, and the oldest beyond `max_turns`.
+one after another. A turn's tokens are dropped by its closing job or when it is aborted; a turn
+cancelled between its jobs (no request here to abort) ages out beyond `max_turns`.
 
-Lookahead (setting `lookahead_tokens`, default 0): rendering a job's tokens with the turn's
-next tokens after them makes its right edge match the full decode (see token2wav_window's
-MEASURED: without it the window edges are the largest difference), but the audio of a job's
-last `lookahead_tokens` tokens then waits for the next job, and a turn's last job must say it
-is the last to get it. Until VoiceBoxJob carries that, every job is the last of its turn and
-is rendered whole, its right edge off the full decode (measured on the tiny random model:
-RMS 0.24 of the signal's, peaks 3x it, at the edges). The wiring it needs: a field
-`more: bool = False` on VoiceBoxJob (more of the turn's tokens follow), turn.py's `_voice`
-setting it on every group's job and sending one `VoiceBoxJob(rid, [], voice)` (no tokens,
-`more=False`, a request id of the same turn) once the groups end, and the profile setting
-`lookahead_tokens` (12 for the measured tiny config: one DiT block). First audio then comes
-once `lookahead_tokens` more tokens than the first group have arrived (with groups of 4 then
-16: the first group's job voices none, the second's 8 tokens). A job with `more=False` could
-then also drop its turn's tokens at once; without it, turns age out of `max_turns`.
+Lookahead (setting `lookahead_tokens`; default one DiT attention block, `block_size / repeats`
+tokens: 12 in the tiny config and in the published one): a job saying that `more` of its turn
+follows (VoiceBoxJob.more: turn.py's `_voice` says so for every group) voices all but its
+turn's last `lookahead_tokens` tokens, which it renders after them as lookahead only; their
+audio waits for the next job, which renders them with its own tokens after them. Every
+window's right edge then matches the full decode: the DiT's look-ahead layer sees one block
+ahead per evaluation, and token2wav_window's MEASURED shows one block enough (half a block
+leaves 3.5e-4, none errors as large as the signal at the window edges). The state carries
+further across the ODE's evaluations as weights grow less plain: with random Linear biases in
+the tiny release, one block leaves max 1.1e-4 of the RMS (two blocks 1.7e-6, at a group's more
+first-audio delay); measure again with trained weights, as for the context.
+The turn's closing job (no tokens, `more=False`, sent once the Talker is done with the turn)
+voices the held-back tail and drops the turn's tokens. First audio waits for `lookahead_tokens`
+tokens past the first voiced one: with groups of 4 then 16, the first group's job voices none,
+the second's 8 tokens. `lookahead_tokens = 0` renders each job whole, its right edge off the
+full decode (the seam tests/test_qwen25_omni_voicebox.py measures: a click every window).
 
-Settings: `release` (a release directory; default: the built family's), `batch_window_s`,
+Settings: `release` (a release directory; default: the built family's), `device` and `dtype`
+(where token2wav runs: `torch_placement`; the CPU in float32 by default), `batch_window_s`,
 `max_batch`, `context_tokens`, `lookahead_tokens`, `max_turns`, and the reference's sampling
 arguments `num_steps`, `guidance_scale`, `sway_coefficient` (`sampler_settings`).
 
 The speakers come from the release's spk_dict.pt (`cond`, `ref_mel` per voice, as the
-reference reads them); a voice the release lacks gets its first speaker.
+reference reads them), chosen for a job's voice as the Talker chooses (`speaker_for`: "default"
+is Chelsie where the release has her); a voice the release lacks fails the job.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from transformers import (
 
 from pipeline.families.queued_voicebox import QueuedJob, QueuedVoiceBox
 from pipeline.families.qwen25_omni.build import FAMILY, release_dir
-from pipeline.families.qwen25_omni.release import release_tensors
+from pipeline.families.qwen25_omni.release import release_tensors, speaker_for
 from pipeline.families.qwen25_omni.token2wav_window import (
     CONTEXT_TOKENS,
     SamplerSettings,
@@ -61,6 +66,7 @@ from pipeline.families.qwen25_omni.token2wav_window import (
     WindowRenderer,
 )
 from pipeline.families.tiny.stage_support import TorchThread
+from pipeline.families.torch_placement import Placement
 from pipeline.shm import PoolExhaustedError
 from pipeline.shm_lease import BlockLease
 from pipeline.stage import StageContext, VoiceBoxJob
@@ -73,14 +79,19 @@ MAX_TURNS = 1024
 SAMPLE_RATE = 24000  # BigVGAN's output rate in the Qwen2.5-Omni releases
 
 
-def load_token2wav(release: Path) -> Qwen2_5OmniToken2WavModel:
-    """The release's token2wav (DiT and BigVGAN) in float32, as the reference runs it."""
+def load_token2wav(release: Path, placement: Placement | None = None
+                   ) -> Qwen2_5OmniToken2WavModel:
+    """The release's token2wav (DiT and BigVGAN) where `placement` says: by default float32
+    on the CPU, as the reference runs it. The whole module is cast, BigVGAN's filter buffers
+    included (transformers' own `dtype=` leaves them float32, which bfloat16 input refuses)."""
+    placement = placement or Placement(torch.device("cpu"), torch.float32)
     config = Qwen2_5OmniConfig.from_pretrained(release).token2wav_config
     if not isinstance(config, Qwen2_5OmniToken2WavConfig):
         raise ValueError(f"{release}: config.json has no token2wav_config")
     model = Qwen2_5OmniToken2WavModel(config)
     model.load_state_dict(release_tensors(release, "token2wav."))
-    model.float().eval()
+    torch.nn.Module.to(model, placement.device, placement.dtype)  # in place, buffers too
+    model.eval()
     return model
 
 
@@ -137,17 +148,18 @@ class OmniVoiceBox(QueuedVoiceBox):
     """VoiceBox on Qwen2.5-Omni's token2wav, windowed and micro-batched."""
 
     task_label = "batcher"
+    holds_tokens = True  # the lookahead held back for a turn's next job
 
     async def start(self, ctx: StageContext) -> None:
         release = Path(ctx.settings.get("release") or release_dir(Path(ctx.models_dir) / FAMILY))
         self.torch = TorchThread(self.name)
-        model = await self.torch.run(load_token2wav, release)
+        model = await self.torch.run(load_token2wav, release, Placement.of(ctx.settings))
         self.renderer = WindowRenderer(model, settings=sampler_settings(ctx.settings))
         self.speakers = load_speakers(release)
         self.window_s = float(ctx.settings.get("batch_window_s", BATCH_WINDOW_S))
         self.max_batch = int(ctx.settings.get("max_batch", MAX_BATCH))
         self.context = int(ctx.settings.get("context_tokens", CONTEXT_TOKENS))
-        self.lookahead = int(ctx.settings.get("lookahead_tokens", 0))
+        self.lookahead = int(ctx.settings.get("lookahead_tokens", self.renderer.block_tokens))
         self.max_turns = int(ctx.settings.get("max_turns", MAX_TURNS))
         self.turns: OrderedDict[str, TurnTokens] = OrderedDict()
         self.forward_calls = 0
@@ -188,14 +200,17 @@ class OmniVoiceBox(QueuedVoiceBox):
                 entry.deliver(lease.send())
 
     def _window(self, job: VoiceBoxJob) -> Window:
-        """The job's window, its turn's tokens advanced (the turn made the newest)."""
+        """The job's window, its turn's tokens advanced and kept as the newest while `more`
+        of the turn follows; the job that ends the turn drops them."""
         key = turn_of(job.request_id)
         turn = self.turns.pop(key, None) or TurnTokens()
-        self.turns[key] = turn
-        while len(self.turns) > self.max_turns:
-            self.turns.popitem(last=False)
-        more = bool(getattr(job, "more", False))  # VoiceBoxJob has no `more` yet: see above
-        return turn.window(self.renderer, list(job.tokens), more, self.context, self.lookahead)
+        window = turn.window(self.renderer, list(job.tokens), job.more, self.context,
+                             self.lookahead)
+        if job.more:
+            self.turns[key] = turn
+            while len(self.turns) > self.max_turns:
+                self.turns.popitem(last=False)
+        return window
 
     async def _lease_each(self, live: list[tuple[QueuedJob, Window]],
                           held: contextlib.ExitStack
@@ -223,7 +238,8 @@ class OmniVoiceBox(QueuedVoiceBox):
         self.jobs_rendered += len(jobs)
 
     def _speaker(self, voice: str) -> Speaker:
-        return self.speakers.get(voice) or next(iter(self.speakers.values()))
+        """The release speaker for a job's voice, chosen as the Talker chooses it."""
+        return self.speakers[speaker_for(voice, list(self.speakers))]
 
     def _close(self) -> None:
         self.torch.close()
