@@ -43,6 +43,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     build.add_argument("--output-schema", type=Path, default=None, metavar="FILE",
                        help="a JSON schema the version's answers follow (kept in its manifest): "
                        "a rollout's canary checks a guided completion of it against it")
+    build.add_argument("--real-widths", type=Path, default=None, metavar="DIR",
+                       help="instead: write a checkpoint of the family at its published model's "
+                       "real widths, layers cut, random weights, in the published layout, to "
+                       "DIR (served with --model-path DIR; omni, orpheus)")
+    build.add_argument("--layers", type=int, default=1,
+                       help="with --real-widths: layers per stack (default 1)")
     add_setting_flags(build, ("models_dir",))
     add_rollout_parsers(models_cmd)
 
@@ -54,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # The settings `omnivox serve` takes as flags (--max-calls for max_calls); every setting, these
 # included, is also read from its environment variable (OMNIVOX_MAX_CALLS).
 SERVE_FLAGS = ("host", "port", "profile", "models_dir", "model_version", "model_path",
-               "data_dir", "max_calls", "call_workers", "log_level", "log_format")
+               "device", "data_dir", "max_calls", "call_workers", "log_level", "log_format")
 # Flags of any command that are settings, whose value (when given) is handed to Settings.
 SETTING_FLAGS = (*SERVE_FLAGS,)
 
@@ -143,6 +149,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
     check_served_version(pipeline.settings.family, pipeline.settings.models_dir)
     if pipeline.settings.model_path is not None:
         check_real_weights(pipeline.settings.family, pipeline.settings.model_path)
+    check_device(settings)
     app = create_app(settings, pipeline=pipeline)
     print(f"omnivox: serving profile {settings.profile!r} at "
           f"http://{settings.host}:{settings.port}/")
@@ -197,6 +204,16 @@ def check_real_weights(family: str, path: Path) -> None:
         raise CommandLineError(str(exc)) from None
 
 
+def check_device(settings: Settings) -> None:
+    """Before serving: a profile with GPU settings has a GPU, or was told to run on the CPU."""
+    from agent.profiles import gpu_answers, needs_gpu
+
+    if settings.device == "auto" and needs_gpu(settings.profile) and not gpu_answers():
+        raise CommandLineError(
+            f"profile {settings.profile!r} is sized for a GPU and nvidia-smi finds none here; "
+            "--device cpu (OMNIVOX_DEVICE=cpu) runs it on the CPU instead, slowly (a rehearsal)")
+
+
 def add_rollout_parsers(models_cmd: Any) -> None:
     from agent.serving.rollout_command import add_parsers
 
@@ -228,10 +245,12 @@ def build_models(args: argparse.Namespace, settings: Settings) -> int:
 
     family = str(load_profiles().get(args.family, {}).get("family", args.family))
     try:
-        load_family(family)
+        module = load_family(family)
         build_options(family, args.seed)
     except ValueError as exc:
         raise CommandLineError(str(exc)) from None
+    if args.real_widths is not None:
+        return write_real_widths(module, args)
     schema = output_schema_of(args.output_schema)
     root = version_root(settings.models_dir, args.version)
     built_seed = (built_manifest(root, family) or {}).get("seed")
@@ -246,6 +265,25 @@ def build_models(args: argparse.Namespace, settings: Settings) -> int:
     checksum = (built_manifest(root, family) or {}).get("checksum", "?")
     print(f"omnivox: {family} version {args.version} ready in {root / family} "
           f"(checksum {checksum})")
+    return 0
+
+
+def write_real_widths(family: Any, args: argparse.Namespace) -> int:
+    """`models build PROFILE --real-widths DIR`: the family's real-width checkpoint in DIR."""
+    write = getattr(family, "write_real_widths", None)
+    if write is None:
+        raise CommandLineError(f"{args.family}: no real-width checkpoint to write (the "
+                               "families of omni and orpheus have one)")
+    if args.layers < 1:
+        raise CommandLineError(f"--layers: at least 1, got {args.layers}")
+    if args.real_widths.exists() and any(args.real_widths.iterdir()):
+        raise CommandLineError(f"{args.real_widths} is not empty: a checkpoint is written into "
+                               "a new directory")
+    print(f"omnivox: writing {args.family} at its real widths, {args.layers} layer(s) a stack, "
+          f"random weights, into {args.real_widths} (about a minute a layer)")
+    write(args.real_widths, args.layers, 0 if args.seed is None else args.seed)
+    print(f"omnivox: done; serve it with: omnivox serve --profile {args.family} --device cpu "
+          f"--model-path {args.real_widths}")
     return 0
 
 

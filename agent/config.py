@@ -98,6 +98,12 @@ class Settings(BaseSettings):
         None, description="a real checkpoint directory, for the profiles that serve one "
         "(omni, orpheus)",
     )
+    # A profile with GPU settings (`omni`, `orpheus`) takes them where a GPU answers; on a host
+    # without one it refuses to start unless told to run on the CPU (a rehearsal: slow).
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="where a profile with GPU settings runs: auto (the GPU where "
+        "nvidia-smi finds one, else refused), cuda, or cpu",
+    )
     web_dir: Path = REPO_ROOT / "web"
     # No public STUN server unless asked for: calls on loopback and LANs need none.
     ice_servers: CommaList = Field(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -29,13 +32,17 @@ def pipeline_settings(
     """The pipeline settings of the server's profile, models under the root of its served
     version (settings.models_dir for version 1: pipeline.model_versions). A profile with
     `real_weights` serves the checkpoint at settings.model_path, its derived parts built under
-    `<models_dir>/<profile>`; the others build their own weights and refuse a model_path."""
+    `<models_dir>/<profile>`; the others build their own weights and refuse a model_path.
+    A profile's `gpu` table is laid over its settings when it runs on a GPU (`on_gpu`)."""
     profiles = load_profiles()
     profile = profiles.get(settings.profile)
     if profile is None:
         known = ", ".join(sorted(profiles))
         raise ProfileError(f"unknown profile {settings.profile!r} (known: {known})")
-    fields = {k: v for k, v in profile.items() if k not in ("description", "real_weights")}
+    fields = {k: v for k, v in profile.items()
+              if k not in ("description", "real_weights", "gpu")}
+    if "gpu" in profile and on_gpu(settings):
+        fields = overlaid(fields, profile["gpu"])
     models_dir = Path(settings.models_dir)
     if profile.get("real_weights"):
         if settings.model_path is None:
@@ -49,6 +56,36 @@ def pipeline_settings(
                            f"--model-path is for the profiles that serve real ones ({real})")
     fields["models_dir"] = version_root(models_dir, settings.model_version)
     return PipelineSettings.model_validate({**fields, **(overrides or {})})
+
+
+def needs_gpu(name: str) -> bool:
+    """Whether the profile `name` is sized for a GPU (it has a `gpu` table)."""
+    return "gpu" in load_profiles().get(name, {})
+
+
+def on_gpu(settings: Settings) -> bool:
+    """Whether the server runs its profile's GPU settings: told so, or a GPU answers."""
+    return settings.device == "cuda" or (settings.device == "auto" and gpu_answers())
+
+
+@functools.cache
+def gpu_answers() -> bool:
+    """An NVIDIA GPU answers `nvidia-smi -L` (setup's own test for the CUDA vLLM build)."""
+    command = shutil.which("nvidia-smi")
+    if command is None:
+        return False
+    found = subprocess.run([command, "-L"], capture_output=True, timeout=30, check=False)
+    return found.returncode == 0
+
+
+def overlaid(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values laid on it, tables merged key by key."""
+    result = dict(base)
+    for key, value in over.items():
+        below = result.get(key)
+        both_tables = isinstance(below, dict) and isinstance(value, dict)
+        result[key] = overlaid(below, value) if both_tables else value  # type: ignore[arg-type]
+    return result
 
 
 def build_pipeline(settings: Settings, overrides: dict[str, Any] | None = None) -> Pipeline:

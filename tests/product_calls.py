@@ -115,6 +115,27 @@ async def engines_hold(served: Served, turn_id: str) -> list[str]:
     return [r for r in await held_request_ids(served) if turn_id in r]
 
 
+async def barge_in_on_a_second_reply(served: Served, caller: RtcCaller, question: np.ndarray,
+                                     timeout_s: float) -> None:
+    """The caller asks `question` again, then talks over the reply while it is still being
+    generated: the reply is cancelled and every request of its turn leaves every engine and
+    worker."""
+    update_session(caller, max_output_tokens=200)  # still generating when talked over
+    await caller.wait_for("session.updated", timeout=10)
+    caller.audio.replace(question)  # the caller asks again: a second reply starts
+    await caller.wait_for("output_audio_buffer.started", count=2, timeout=timeout_s)
+    reply = session_of(served, caller).reply
+    assert reply is not None
+    caller.audio.replace(question)  # ... and is talked over mid-generation
+    cut = await caller.wait_for("response.done", count=2, timeout=timeout_s)
+    assert cut["response"]["status"] == "cancelled", cut
+    for _ in range(300):
+        if not await engines_hold(served, reply.turn_id):
+            break
+        await asyncio.sleep(0.1)
+    assert await engines_hold(served, reply.turn_id) == []
+
+
 class RecordingPipeline:
     """The session's real pipeline, noting each Turn it is asked to run: what the Thinker is
     given (history, audio, limits) as the session built it."""
