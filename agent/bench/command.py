@@ -16,6 +16,7 @@ from agent.config import Settings, add_setting_flags
 MODULE_BENCHES = {
     "asr": "agent.bench.asr_run",
     "gpu": "agent.bench.gpu",
+    "gpu-torch": "agent.bench.gpu_torch",
     "answers": "agent.bench.answers",
     "turn-ends": "agent.bench.turn_ends",
     "rtp": "agent.bench.rtp",

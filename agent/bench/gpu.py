@@ -16,16 +16,15 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agent.bench.gpu_families import CPU_PARTS, FAMILIES, FamilyRun, prepare
+from agent.bench.gpu_families import FAMILIES, FamilyRun, prepare
 from agent.bench.gpu_memory import MemoryWatch
+from agent.bench.gpu_tests import CUDA_IPC_TESTS, pytest_outcome
 from agent.bench.pipeline_turns import run_turn
 
 NO_CUDA = ("omnivox bench gpu: no CUDA device here (torch.cuda.is_available() is False); "
@@ -33,10 +32,12 @@ NO_CUDA = ("omnivox bench gpu: no CUDA device here (torch.cuda.is_available() is
 LEVELS = {"real": [1, 16, 64], "tiny": [1, 2]}
 REPLY_TOKENS = {"real": 24, "tiny": 8}
 LEVEL_TIMEOUT_S = {"real": 60.0, "tiny": 300.0}  # a level past it is cut, and says so
-TESTS = Path(__file__).resolve().parents[2] / "tests"
-# the transport's own test, then its GPU half (which skips, saying why, without CUDA)
-CUDA_IPC_TESTS = (TESTS / "test_cuda_ipc_transport.py", TESTS / "test_cuda_ipc_gpu.py")
 CALLER_AUDIO_S = 1.0
+# What every turn's reply recites at real size (random weights write ids the tiny tokenizer
+# mostly cannot read, which left the Talkers idle): several clauses, so the Talker gets every
+# chunk and at least 150 codes a turn (gpu_families bounds them).
+RECITED = ("Thank you for calling. The first train to the city leaves at six in the morning, "
+           "and the next one follows every twenty minutes until noon. Seats are free to book.")
 GIB_F = float(2**30)
 
 
@@ -88,7 +89,7 @@ def run_check(families: list[str], size: str, root: Path, cuda: bool, levels: li
         began = time.perf_counter()
         run = prepare(family, size, root, cuda)
         row: dict[str, Any] = {"build_s": round(time.perf_counter() - began, 1),
-                               "stages": run.sizes, "on_cpu": CPU_PARTS[family]}
+                               "stages": run.sizes}
         if not dry_run:
             try:  # one family failing still leaves the other's figures and the IPC test
                 row |= asyncio.run(_serve(run, levels, size))
@@ -112,21 +113,23 @@ async def _serve(run: FamilyRun, levels: list[int], size: str) -> dict[str, Any]
             raise RuntimeError(f"{run.family} pipeline not ready: {pipe.health().stages}")
         start_s = time.perf_counter() - began
         tokens = REPLY_TOKENS[size]
-        await run_turn(pipe, f"gpu-{run.family}-warm-up", tokens, audio=audio)
+        recite = RECITED if size == "real" else None
+        await run_turn(pipe, f"gpu-{run.family}-warm-up", tokens, audio=audio, recite=recite)
         rows = []
         async with MemoryWatch(pipe) as memory:  # sampled on a CPU too: the figures are 0
             for n in levels:
-                rows.append(await _level(pipe, run.family, n, tokens, audio,
+                rows.append(await _level(pipe, run.family, n, tokens, audio, recite,
                                          LEVEL_TIMEOUT_S[size]))
     return {"start_s": round(start_s, 1), "reply_tokens": tokens, "levels": rows,
             "gpu_memory": memory.figures()}
 
 
 async def _level(pipe: Any, family: str, n: int, tokens: int, audio: np.ndarray | None,
-                 timeout_s: float) -> dict[str, Any]:
+                 recite: str | None, timeout_s: float) -> dict[str, Any]:
     """`n` turns started at once: first audio p50/p95, turns/s (or that it ran out of time)."""
     began = time.perf_counter()
-    turns = (run_turn(pipe, f"gpu-{family}-{n}-{i}", tokens, audio=audio) for i in range(n))
+    turns = (run_turn(pipe, f"gpu-{family}-{n}-{i}", tokens, audio=audio, recite=recite)
+             for i in range(n))
     try:
         firsts = await asyncio.wait_for(asyncio.gather(*turns), timeout_s)
     except TimeoutError:
@@ -150,26 +153,12 @@ def caller_audio(seconds: float = CALLER_AUDIO_S) -> np.ndarray:
     return (wave * 8000).astype(np.int16)
 
 
-def pytest_outcome(path: Path) -> dict[str, Any]:
-    """Run one test file with pytest; its exit status and summary line."""
-    if not path.is_file():
-        return {"outcome": f"not run: {path} absent (not a source checkout)"}
-    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(path)]
-    began = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          cwd=path.parents[1], check=False)
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    return {"returncode": done.returncode, "outcome": lines[-1] if lines else done.stderr[-300:],
-            "seconds": round(time.perf_counter() - began, 1)}
-
-
 def print_report(result: dict[str, Any]) -> None:
     """The figures as a few readable lines."""
     print(f"omnivox bench gpu: size {result['size']} on {result['device']}"
           f"{' (dry run)' if result['dry_run'] else ''}")
     for family, row in result["families"].items():
-        print(f"{family}: built in {row['build_s']} s; on the CPU: "
-              f"{', '.join(row['on_cpu']) or 'nothing'}")
+        print(f"{family}: built in {row['build_s']} s")
         for stage, parts in row["stages"].items():
             for part, size in parts.items():
                 print(f"  {stage:8} {part:30} {size['parameters'] / 1e6:9.1f} M parameters "

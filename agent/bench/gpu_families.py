@@ -1,12 +1,12 @@
 """What `omnivox bench gpu` serves: each real-architecture family built at its real size with no
 weights (or tiny, on a CPU), and the pipeline settings that run it.
 
-Settings start from the family's tiny profile (`omni-tiny`, `orpheus-tiny`) and change what the
-size and the device need: every vLLM engine starts with `load_format="dummy"`; on a GPU the
-engines run bfloat16 with a fixed KV cache each (`KV_CACHE`, so both families fit one H200 one
-after the other), the core bindings go, and the Thinker's hidden-state model and SNAC move to
-the GPU. Qwen2.5-Omni's audio tower and token2wav have no device setting yet: they run on the
-CPU (the figures say so).
+Settings start from the family's tiny profile (`omni-tiny`, `orpheus-tiny`: fixed reply lengths
+for random weights) and change what the size and the device need: every vLLM engine starts with
+`load_format="dummy"`; on a GPU the core bindings go and the real profile's `gpu` table
+(`omni`, `orpheus` in agent/profiles.toml: bfloat16, each engine's KV cache and memory share,
+CUDA graphs, every torch part on the GPU) is laid over them, so the check runs the settings a
+user's GPU host gets.
 """
 
 from __future__ import annotations
@@ -16,23 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.profiles import load_profiles
+from agent.profiles import load_profiles, overlaid
 
 FAMILIES = ("qwen25_omni", "orpheus")
 PROFILES = {"qwen25_omni": "omni-tiny", "orpheus": "orpheus-tiny"}
-GIB = 2**30
-KV_CACHE = {("qwen25_omni", "thinker"): 8 * GIB, ("qwen25_omni", "talker"): 4 * GIB,
-            ("orpheus", "thinker"): 8 * GIB, ("orpheus", "talker"): 12 * GIB}
-# vLLM refuses to start unless the device's free memory covers this fraction of it, even with
-# a fixed KV cache: each engine asks for what it holds, so the two engines of a family (and
-# the Thinker's torch model) start side by side.
-GPU_FRACTION = {("qwen25_omni", "thinker"): 0.25, ("qwen25_omni", "talker"): 0.10,
-                ("orpheus", "thinker"): 0.25, ("orpheus", "talker"): 0.20}
-# Eager (no CUDA graphs): graph capture would spend the time budget starting engines.
-GPU_ENGINE = {"dtype": "bfloat16", "max_num_seqs": 128, "max_model_len": 2048,
-              "enforce_eager": True}
-CPU_PARTS = {"qwen25_omni": ["thinker audio tower", "voicebox token2wav"],
-             "orpheus": ["thinker audio tower"]}
+GPU_PROFILES = {"qwen25_omni": "omni", "orpheus": "orpheus"}  # whose `gpu` table runs
 
 
 @dataclass(frozen=True)
@@ -58,9 +46,7 @@ def _qwen25_omni(size: str, root: Path, cuda: bool) -> FamilyRun:
     sizes = _omni_built(size, root)
     settings = _settings("qwen25_omni", root, cuda)
     stages = settings["stages"]
-    stages["talker"]["max_codes"] = 50 if size == "real" else 40  # random codes never stop
-    if cuda:
-        stages["thinker"] |= {"states_device": "cuda", "states_dtype": "bfloat16"}
+    stages["talker"]["max_codes"] = 160 if size == "real" else 40  # random codes never stop
     return FamilyRun("qwen25_omni", settings, sizes, audio=True)
 
 
@@ -107,16 +93,18 @@ def _orpheus(size: str, root: Path, cuda: bool) -> FamilyRun:
     stages = settings["stages"]
     stages["talker"]["model_dir"] = str(checkpoint / TALKER)
     stages["voicebox"]["model_dir"] = str(checkpoint / SNAC_DIR)
-    if cuda:
-        stages["thinker"]["states_dtype"] = "bfloat16"  # its embedding table
-        stages["voicebox"]["device"] = "cuda"
+    if size == "real":  # every chunk voiced to its end: about 22 frames (154 codes) each
+        stages["talker"]["max_tokens"] = 1100
+        settings.setdefault("cascade", {})["closing_chunk"] = True  # its tail voiced too
     return FamilyRun("orpheus", settings, {"thinker": thinker, **stage_sizes(checkpoint)},
                      audio=True)
 
 
 def _settings(family: str, root: Path, cuda: bool) -> dict[str, Any]:
-    """The family's tiny profile, models under `root` (already built), dummy engines."""
-    fields = copy.deepcopy(load_profiles()[PROFILES[family]])
+    """The family's tiny profile, models under `root` (already built), dummy engines; on a
+    GPU, the real profile's GPU settings over it."""
+    profiles = load_profiles()
+    fields = copy.deepcopy(profiles[PROFILES[family]])
     fields.pop("description", None)
     fields |= {"models_dir": str(root), "build_models": False}
     stages = fields.setdefault("stages", {})
@@ -126,8 +114,7 @@ def _settings(family: str, root: Path, cuda: bool) -> dict[str, Any]:
         engine = stages[stage].setdefault("engine", {})
         if cuda:
             engine.pop("cpu_cores", None)
-            engine["kv_cache_memory_bytes"] = KV_CACHE[(family, stage)]
-            engine["gpu_memory_utilization"] = GPU_FRACTION[(family, stage)]
-            engine |= GPU_ENGINE
         engine["load_format"] = "dummy"
+    if cuda:
+        fields = overlaid(fields, profiles[GPU_PROFILES[family]]["gpu"])
     return fields

@@ -30,11 +30,11 @@ MESSAGES = [{"role": "system", "content": "You are a friendly voice assistant."}
 
 
 async def run_turn(pipe: Pipeline, turn_id: str, tokens: int, overlap: bool = True,
-                   audio: np.ndarray | None = None) -> float:
-    """Run one turn (with the caller's `audio`, int16 at 16 kHz, if given) to its end; seconds
-    from its start to its first audio."""
+                   audio: np.ndarray | None = None, recite: str | None = None) -> float:
+    """Run one turn (with the caller's `audio`, int16 at 16 kHz, if given; the reply `recite`d
+    instead of written, if given) to its end; seconds from its start to its first audio."""
     began, first_audio = time.perf_counter(), None
-    turn = Turn(turn_id, MESSAGES, audio=audio, max_tokens=tokens)
+    turn = Turn(turn_id, MESSAGES, audio=audio, max_tokens=tokens, recite=recite)
     async for event in pipe.respond(turn, overlap=overlap):
         if isinstance(event, AudioChunk) and first_audio is None:
             first_audio = time.perf_counter() - began
