@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
@@ -49,9 +50,19 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str)
         await asyncio.sleep(0.02)
 
 
+def call_id_of(caller: RtcCaller) -> str:
+    return caller.location.rsplit("/", 1)[1]
+
+
+async def get_record(base_url: str, call_id: str) -> httpx.Response:
+    """`GET /v1/calls/{call_id}`: the call's record."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
+        return await http.get(f"/v1/calls/{call_id}")
+
+
 def session_of(served: Served, caller: RtcCaller) -> Session:
     """The server's conversation session of this caller's call."""
-    return served.app.state.calls.get(caller.location.rsplit("/", 1)[1]).handler
+    return served.app.state.calls.get(call_id_of(caller)).handler
 
 
 def update_session(caller: RtcCaller, **session: Any) -> None:

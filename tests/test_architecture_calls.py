@@ -12,14 +12,19 @@ random weights (a fixed reply length, audio ids only).
   decodes its 7-token frames in windows.
 
 Random weights: the audio is noise. The caller hears the reply, and talking over a reply still
-being generated cancels every request of the turn in every engine."""
+being generated cancels every request of the turn in every engine. Whisper beside the Thinker
+writes down what the caller said (input transcription, history, call record), and a tool is
+called from a spoken question and its result spoken."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -31,17 +36,27 @@ from pipeline.families.orpheus import build_orpheus
 from pipeline.families.orpheus.release import SNAC, TALKER, THINKER
 from pipeline.families.qwen25_omni.build import SEED, release_dir
 from pipeline.families.qwen25_omni.release import write_tiny_release
+from tests.audio_fixtures import speech_wav
 from tests.conftest import wait_ready
+from tests.metrics_samples import grew, scrape
+from tests.openai_clients import clients
 from tests.product_calls import (
     barge_in_on_a_second_reply,
+    call_id_of,
     connect,
+    get_record,
     loud_ms,
+    record_turns,
+    session_of,
     spoken,
+    update_session,
     wait_until,
 )
 from tests.served import Served, serve
 
 pytestmark = pytest.mark.engines
+
+ENDS = "omnivox_semantic_turn_ends_total"
 
 
 def tiny_checkpoint(profile: str, folder: Path) -> Path:
@@ -99,7 +114,100 @@ async def test_the_caller_hears_the_reply_and_barge_in_cuts_it(served: Served,
         usage = first["response"]["usage"]["output_token_details"]
         assert usage["text_tokens"] == 24 and usage["audio_tokens"] > 0
         await wait_until(lambda: loud_ms(caller) > 0, 60, "the caller to hear the reply")
+        # Whisper beside the Thinker wrote down the question: the Realtime event, the history
+        # and the call record have it.
+        (heard,) = caller.of_type("conversation.item.input_audio_transcription.completed")
+        assert {"capital", "france"} <= set(heard["transcript"].lower().strip("?.").split())
+        item = session_of(served, caller).conversation.get(heard["item_id"])
+        assert item is not None and item.text == heard["transcript"]
+        record = (await get_record(served.url, call_id_of(caller))).json()
+        assert record["turns"][0]["user_transcript"] == heard["transcript"]
 
         await barge_in_on_a_second_reply(served, caller, question, timeout_s=180)
     finally:
         await caller.hang_up()
+
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+           "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
+                          "unit": {"enum": ["C", "F"]}}}
+
+
+async def test_a_spoken_question_calls_a_tool_whose_result_is_spoken(
+    served: Served, question: np.ndarray
+) -> None:
+    """Function calling on the real architectures: the Thinker hears the question, answers it
+    under the tool's grammar (random weights: `required` makes it a call), and after the
+    client's output speaks a reply written knowing the result."""
+    caller = await connect(served.url)
+    turns = record_turns(session_of(served, caller))
+    try:
+        update_session(caller, tools=[{"type": "function", "name": "get_weather",
+                                       "parameters": WEATHER}],
+                       tool_choice="required", max_output_tokens=200)
+        await caller.wait_for("session.updated", timeout=10)
+        caller.audio.replace(question)
+        done = (await caller.wait_for("response.done", timeout=180))["response"]
+        assert done["status"] == "completed", done
+        (call,) = done["output"]
+        assert (call["type"], call["name"]) == ("function_call", "get_weather"), call
+        jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+        assert turns[0].audio is not None and turns[0].response_format is not None
+        assert not caller.of_type("output_audio_buffer.started"), "a call is not spoken"
+
+        caller.send({"type": "conversation.item.create", "item": {
+            "type": "function_call_output", "call_id": call["call_id"], "output": '{"temp": 21}'}})
+        await wait_until(lambda: any(i.get("type") == "function_call_output" for _, e in
+                                     caller.events if (i := e.get("item") or {})),
+                         10, "the function's output to join the conversation")
+        update_session(caller, max_output_tokens=16)
+        await caller.wait_for("session.updated", count=2, timeout=10)
+        caller.send({"type": "response.create", "response": {"tool_choice": "none"}})
+        spoken = (await caller.wait_for("response.done", count=2, timeout=180))["response"]
+        assert spoken["status"] == "completed", spoken
+        assert spoken["output"][0]["type"] == "message"
+        await wait_until(lambda: loud_ms(caller) > 0, 60, "the caller to hear the reply")
+        assert {"role": "tool", "content": '{"temp": 21}'} in turns[1].messages
+        assert turns[1].speak and turns[1].response_format is None
+    finally:
+        await caller.hang_up()
+
+
+async def test_semantic_vad_judges_the_callers_words(served: Served,
+                                                     question: np.ndarray) -> None:
+    """`semantic_vad` on a Thinker that hears audio: at the caller's pause its own LM scores
+    the recogniser's words (random weights: the judgement may go either way), and the turn is
+    answered."""
+    before = await scrape(served.url)
+    caller = await connect(served.url)
+    try:
+        update_session(caller, max_output_tokens=24, audio={"input": {"turn_detection": {
+            "type": "semantic_vad", "eagerness": "high"}}})
+        await caller.wait_for("session.updated", timeout=10)
+        vad = session_of(served, caller).call.vad
+        # Only a judgement or five seconds of silence end the turn: the words are heard and
+        # scored (recogniser and LM on two busy cores) long before the silence is up.
+        vad.reconfigure(dataclasses.replace(vad.config, silence_ms=5_000))
+        caller.audio.replace(question)
+        done = (await caller.wait_for("response.done", timeout=180))["response"]
+        assert done["status"] == "completed", done
+        after = await scrape(served.url)
+        judged = sum(grew(before, after, ENDS, decision=d) for d in ("ended", "waited"))
+        assert judged >= 1, "the words were scored at the pause"
+        (heard,) = caller.of_type("conversation.item.input_audio_transcription.completed")
+        assert "france" in heard["transcript"].lower(), heard
+    finally:
+        await caller.hang_up()
+
+
+async def test_an_uploaded_question_is_transcribed(served: Served,
+                                                   tmp_path: Path) -> None:
+    """`/v1/audio/transcriptions` through the `openai` SDK: the recogniser beside the Thinker
+    writes the file's words down."""
+    wav = speech_wav("What is the capital of France?", tmp_path / "q.wav", rate=16_000,
+                     pad_before_s=0.3, pad_after_s=0.3)
+    _, client = clients(served)
+    (model,) = (await client.models.list()).data
+    text = await client.audio.transcriptions.create(model=model.id, response_format="text",
+                                                    file=("q.wav", wav.read_bytes()))
+    assert {"capital", "france"} <= set(str(text).lower().strip(" ?.\n").split()), text

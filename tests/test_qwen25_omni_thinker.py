@@ -30,6 +30,7 @@ from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.thinker import OmniThinker
 from pipeline.shm import BlockPool
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
+from tests.audio_fixtures import read_wav, speech_wav
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines
@@ -127,6 +128,9 @@ async def test_thinker_matches_transformers_tokens_and_talker_rows(
     job = ThinkerJob("call1/turn1/thinker", MESSAGES, audio=pool.write(audio, 1.0),
                      max_tokens=STEPS)
     outputs = [out async for out in thinker.stream(job)]
+    heard = [out for out in outputs if out.transcript is not None]
+    assert len(heard) == 1 and not heard[0].embeds, "the recogniser's words once, no rows"
+    outputs = [out for out in outputs if out.transcript is None]
     tokens = [t for out in outputs for t in out.token_ids]
     prompt_tokens = outputs[0].prompt_tokens
     first_rows = sum(pool.view(ref).shape[0] for ref in outputs[0].embeds)
@@ -216,6 +220,34 @@ async def test_stream_closed_midway_leaves_no_request_and_no_block(
     await stream.aclose()
     assert thinker.active_request_ids() == []
     assert pool.in_use == held_before, "the audio block was released once encoded"
+
+
+async def test_the_caller_is_heard_in_words_beside_the_reply(
+    thinker: OmniThinker, pool: BlockPool, tmp_path: Path
+) -> None:
+    """Whisper tiny.en hears the utterance the thinker answers: its words come once, before
+    the reply's last output, scored for the end of the turn by the thinker's LM when asked; a
+    `transcribe` job is the words alone (no engine request)."""
+    speech, _ = read_wav(speech_wav("What is the capital of France?", tmp_path / "q.wav",
+                                    rate=16_000, pad_before_s=0.3, pad_after_s=0.3))
+    job = ThinkerJob("call2/turn1/thinker", MESSAGES, audio=pool.write(speech, 1.0),
+                     max_tokens=8, embeds=False, score_end_of_turn=True)
+    outputs = [out async for out in thinker.stream(job)]
+    (heard,) = [i for i, out in enumerate(outputs) if out.transcript is not None]
+    words = outputs[heard].transcript.lower()
+    assert "capital" in words and "france" in words, words
+    assert outputs[heard].end_of_turn is not None and 0.0 <= outputs[heard].end_of_turn <= 1.0
+    assert heard < len(outputs) - 1 and outputs[-1].finished
+    assert sum(len(out.token_ids) for out in outputs) == 8, "the reply is the thinker's"
+    print_figure(BENCH, "end of turn after a finished question", outputs[heard].end_of_turn, "")
+
+    job = ThinkerJob("call2/turn2/thinker", MESSAGES, audio=pool.write(speech, 1.0),
+                     transcribe=True)
+    only = [out async for out in thinker.stream(job)]
+    assert [out.transcript for out in only] == [outputs[heard].transcript, None]
+    assert only[-1].finished and only[-1].finish_reason == "stop"
+    assert not any(out.token_ids for out in only) and thinker.active_request_ids() == []
+    assert pool.in_use == 0, "both audio blocks released"
 
 
 async def test_text_only_job_sends_no_rows(thinker: OmniThinker, pool: BlockPool) -> None:

@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 
 from agent.ops.records import DB_NAME
 from tests.product_calls import (
+    call_id_of,
     connect,
+    get_record,
     long_replies,
     say,
     transcript_of,
@@ -33,15 +34,6 @@ from tests.served import Served
 from tests.test_serve_process import OMNIVOX, free_port, get, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-def call_id_of(caller: RtcCaller) -> str:
-    return caller.location.rsplit("/", 1)[1]
-
-
-async def get_record(base_url: str, call_id: str) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
-        return await http.get(f"/v1/calls/{call_id}")
 
 
 # -- the API, through media-only calls ------------------------------------------------------

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from agent.bench.asr_confidence import asking_again
 from agent.bench.asr_corpus import Corpus, Utterance
 from agent.bench.asr_score import normalise, word_error_rate
-from pipeline.families.local.speech_recognizer import (
+from pipeline.families.speech_recognizer import (
     RecognizerSettings,
     SpeechRecognizer,
     as_float,
@@ -70,7 +70,7 @@ class Heard:
 def model_dir(model: str) -> Path:
     """The CTranslate2 directory of `model`: the local family's tiny.en straight from its
     installed package (no build), or a directory given as such (another Whisper, e.g. base)."""
-    from pipeline.families.local import packaged
+    from pipeline.families import packaged
 
     if model == "tiny.en":
         return packaged.WHISPER["model.bin"].locate().parent

@@ -19,17 +19,18 @@ SENTENCE_ENDS = ("?", "!", ".")
 TRAILING = " \t\n.?!,;:…"  # what a recogniser closes an utterance with
 
 
-def end_of_turn_prompt(tokenizer: Any, messages: list[dict[str, str]],
-                       heard: str) -> tuple[list[int], int] | None:
+def end_of_turn_prompt(tokenizer: Any, messages: list[dict[str, str]], heard: str,
+                       chat_template: str | None = None) -> tuple[list[int], int] | None:
     """Token ids of the chat-templated `messages` with the caller's words as the last user
     message, left open after them; and the token the template closes that message with.
-    None when `heard` holds no words."""
+    None when `heard` holds no words. `chat_template`: the model's, when its tokenizer has
+    none of its own (a Qwen2.5-Omni release keeps it in the processor's file)."""
     words = heard.rstrip(TRAILING)
     if not words:
         return None
     conversation = [*messages, {"role": "user", "content": words}]
-    text = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                         add_generation_prompt=False)
+    text = tokenizer.apply_chat_template(conversation, chat_template=chat_template,
+                                         tokenize=False, add_generation_prompt=False)
     cut = text.rindex(words) + len(words)
     prefix = tokenizer.encode(text[:cut], add_special_tokens=False)
     closing = tokenizer.encode(text[cut:], add_special_tokens=False)

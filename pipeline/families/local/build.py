@@ -18,8 +18,8 @@ import shutil
 import time
 from pathlib import Path
 
+from pipeline.families import packaged
 from pipeline.families.build_support import build_once, manifest_matches, write_manifest
-from pipeline.families.local import packaged
 from pipeline.families.local.gguf_llama import convert_gguf_llama
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pipeline.families.build_support import MANIFEST
 from pipeline.families.local.build import FAMILY, VOICE_DIR
-from pipeline.families.local.packaged import VOICE_NAME
+from pipeline.families.packaged import VOICE_NAME
 from pipeline.stage import StageContext
 
 

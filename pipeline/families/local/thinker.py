@@ -23,14 +23,14 @@ from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_sch
 from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.end_of_turn import end_of_turn_prompt, probability
 from pipeline.families.local.build import ASR_DIR, LLM_DIR
-from pipeline.families.local.speech_recognizer import (
+from pipeline.families.local.stage_support import family_dir
+from pipeline.families.recite import recited_pieces
+from pipeline.families.request_sampling import with_options
+from pipeline.families.speech_recognizer import (
     Heard,
     RecognizerSettings,
     SpeechRecognizer,
 )
-from pipeline.families.local.stage_support import family_dir
-from pipeline.families.recite import recited_pieces
-from pipeline.families.request_sampling import with_options
 from pipeline.families.work_thread import WorkThread
 from pipeline.shm import BlockRef
 from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput

@@ -34,8 +34,11 @@ def write_real_widths(directory: Path, layers: int = 1, seed: int = 0) -> Path:
 
 
 check_checkpoint = check_release  # a real checkpoint, before serving it (--model-path)
+# Its Thinker writes down what the caller said (Whisper beside it): transcriptions.
+RECOGNISES_SPEECH = True
 
-__all__ = ["STAGES", "OrpheusTalker", "OrpheusThinker", "SnacVoiceBox", "build", "build_orpheus",
+__all__ = ["RECOGNISES_SPEECH", "STAGES",
+           "OrpheusTalker", "OrpheusThinker", "SnacVoiceBox", "build", "build_orpheus",
            "check_checkpoint", "write_real_widths"]
 
 __getattr__ = exports_on_first_use(__name__, ["STAGES", "OrpheusTalker", "OrpheusThinker",

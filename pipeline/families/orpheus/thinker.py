@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from pipeline.families.local.packaged import WHISPER
+from pipeline.families.caller_words import recognizer_dir
 from pipeline.families.local.thinker import LocalThinker
 from pipeline.families.orpheus.release import CHAT_THINKER, THINKER, thinker_kind
 from pipeline.families.orpheus.stage_support import release_dir
@@ -43,8 +43,7 @@ class ChatThinker(LocalThinker):
         self.model = model
 
     def model_dirs(self, ctx: StageContext) -> tuple[Path, Path]:
-        asr = ctx.settings.get("asr_dir") or WHISPER["model.bin"].locate().parent
-        return Path(asr), self.model
+        return recognizer_dir(ctx.settings), self.model
 
 
 def chat_model(ctx: StageContext) -> Path | None:

@@ -18,8 +18,11 @@ if TYPE_CHECKING:
 build = build_qwen25_omni
 write_real_widths = write_real_width_release  # `models build ... --real-widths DIR`
 check_checkpoint = check_release  # a real release, before serving it (--model-path)
+# Its Thinker writes down what the caller said (Whisper beside it): transcriptions.
+RECOGNISES_SPEECH = True
 
-__all__ = ["STAGES", "OmniTalker", "OmniThinker", "OmniVoiceBox", "build", "build_qwen25_omni",
+__all__ = ["RECOGNISES_SPEECH", "STAGES",
+           "OmniTalker", "OmniThinker", "OmniVoiceBox", "build", "build_qwen25_omni",
            "check_checkpoint", "write_real_widths"]
 
 __getattr__ = exports_on_first_use(__name__, ["STAGES", "OmniTalker", "OmniThinker",

