@@ -70,6 +70,7 @@ def test_tiny_check_measures_every_part_without_vllm(tmp_path: Path) -> None:
                    for level in levels)
     assert [row["audio_s"] for row in result["parts"]["audio_tower"]["utterances"]] == [1, 2, 8]
     assert result["parts"]["thinker_states"]["layers_cut"] is False
+    assert [row["requests"] for row in result["parts"]["thinker_states"]["batched_steps"]] == [1, 2]
     assert set(result["estimate"]["parts"]) == set(FIGURE_PARTS)
 
 

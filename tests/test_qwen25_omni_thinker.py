@@ -13,6 +13,7 @@ thinker's forward() over the prompt and the recited tokens (teacher forcing).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from pipeline.families.build_support import read_manifest
 from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni, release_dir
 from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.thinker import OmniThinker
+from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
 from pipeline.shm import BlockPool
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
 from tests.audio_fixtures import read_wav, speech_wav
@@ -248,6 +250,54 @@ async def test_the_caller_is_heard_in_words_beside_the_reply(
     assert only[-1].finished and only[-1].finish_reason == "stop"
     assert not any(out.token_ids for out in only) and thinker.active_request_ids() == []
     assert pool.in_use == 0, "both audio blocks released"
+
+
+async def test_reply_steps_batched_across_requests_match_the_whole_forward(
+    thinker: OmniThinker,
+) -> None:
+    """Three requests' steps queued together run as one batch (single tokens and several at
+    once, prompts of different lengths); each request's rows equal transformers' forward over
+    its prompt and all its tokens at once (teacher forcing)."""
+    states, table = thinker.states, thinker.states.embed_table
+    plans = [(17, [[5], [6, 7, 8], [9]]), (40, [[11, 12], [13], [14]]),
+             (3, [[21], [22], [23, 24, 25, 26]])]
+    prompts = [_prompt(table, list(range(100, 100 + n))) for n, _ in plans]
+    replies = [(await thinker.torch.run(states.open, p))[0] for p in prompts]
+    runs = len(thinker.steps.sizes)
+    got: list[list[torch.Tensor]] = [[] for _ in plans]
+    for k in range(3):
+        rows = await asyncio.gather(*(thinker.steps.run((reply, steps[k]))
+                                      for reply, (_, steps) in zip(replies, plans, strict=True)))
+        for i, r in enumerate(rows):
+            got[i].append(r)
+    assert list(thinker.steps.sizes)[runs:] == [3, 3, 3], "each round ran as one batch"
+    worst = 0.0
+    for prompt, (_, steps), rows in zip(prompts, plans, got, strict=True):
+        tokens = [t for step in steps for t in step]
+        whole = _prompt(table, prompt.ids + tokens)
+        _, reference = await thinker.torch.run(states.open, whole)
+        worst = max(worst, float((torch.cat(rows) - reference[len(prompt):]).abs().max()))
+    print_figure(BENCH, "batched reply rows max |diff| vs the whole forward", worst * 1e6, "e-6")
+    assert worst <= ROWS_ATOL
+
+
+async def test_utterances_ending_together_are_encoded_in_one_pass(thinker: OmniThinker) -> None:
+    """Three callers' utterances (1 to 8 s) queued together go through the audio tower as one
+    batch, each utterance's rows those it gets alone."""
+    utterances = [_utterance(seconds) for seconds in (1.0, 2.5, 8.0)]
+    runs = len(thinker.encodings.sizes)
+    batched = await asyncio.gather(*(thinker.encodings.run(u) for u in utterances))
+    assert list(thinker.encodings.sizes)[runs:] == [3]
+    alone = [thinker.prompts.tower.encode(u) for u in utterances]
+    assert [len(rows) for rows in batched] == [len(rows) for rows in alone] == [25, 62, 200]
+    worst = max(float((b - a).abs().max()) for b, a in zip(batched, alone, strict=True))
+    print_figure(BENCH, "batched audio rows max |diff| vs one at a time", worst * 1e6, "e-6")
+    assert worst <= ROWS_ATOL
+
+
+def _prompt(table: torch.Tensor, ids: list[int]) -> ThinkerPrompt:
+    """A text prompt of these ids (no audio rows)."""
+    return ThinkerPrompt(ids, table[torch.tensor(ids)].clone(), torch.zeros(len(ids), dtype=bool))
 
 
 async def test_text_only_job_sends_no_rows(thinker: OmniThinker, pool: BlockPool) -> None:

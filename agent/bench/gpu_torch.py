@@ -153,7 +153,7 @@ def _measure(name: str) -> Callable[[Any, list[int]], dict[str, Any]]:
         "token2wav": lambda target, levels: streams.token2wav_part(target, levels, True),
         "snac": streams.snac_part,
         "audio_tower": lambda target, _: parts.audio_tower_part(target),
-        "thinker_states": lambda target, _: parts.thinker_states_part(target),
+        "thinker_states": parts.thinker_states_part,
         "cuda_ipc_tests": lambda *_: {path.name: pytest_outcome(path)
                                       for path in CUDA_IPC_TESTS},
     }

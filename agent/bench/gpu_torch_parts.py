@@ -5,9 +5,10 @@ the Talker reads).
 The audio tower is the family's `AudioTower`: Whisper log-mel features on the CPU, the encoder
 on the device; timed per caller utterance of 1, 2 and 8 s. The hidden-state model is the
 family's `ThinkerStates` over a Qwen2 at the thinker's widths: a prompt of N rows, then reply
-steps of one token each, one request at a time (it keeps one KV cache per request and batches
-nothing). At real size it has all 28 layers where their weights take at most half the device's
-free memory (a GPU), else 2 (the JSON says which).
+steps of one token for each level of concurrent requests, batched as the Thinker batches them
+(`step_many`: one KV cache per request, the norms and MLP run once for all). At real size it
+has all 28 layers where their weights take at most half the device's free memory (a GPU),
+else 2 (the JSON says which).
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ def caller_audio(seconds: float, rate: int = 16000) -> np.ndarray:
     return np.random.default_rng(0).integers(-8000, 8000, int(rate * seconds), dtype=np.int16)
 
 
-def thinker_states_part(target: Target) -> dict[str, Any]:
-    """The hidden-state model's milliseconds per prompt of N rows and per reply step."""
+def thinker_states_part(target: Target, levels: list[int]) -> dict[str, Any]:
+    """The hidden-state model's milliseconds per prompt of N rows, and per reply step of 1, 16
+    and 64 concurrent requests batched (`step_many`, as the Thinker's `BatchedSteps` runs
+    them), with the milliseconds per request."""
     from transformers import Qwen2Model
 
-    from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
+    from pipeline.families.qwen25_omni.thinker_states import ThinkerStates, step_many
 
     text = thinker_config(target.size).text_config
     layers = states_layers(target, text)
@@ -83,13 +86,19 @@ def thinker_states_part(target: Target) -> dict[str, Any]:
         prompt = thinker_prompt(rows, text.hidden_size)
         ms = 1000 * median_s(partial(states.open, prompt), target.device, REPEATS)
         prompts.append({"rows": rows, "ms": figure(ms)})
-    reply, _ = states.open(thinker_prompt(PROMPT_ROWS[0], text.hidden_size))
-    steps = [timed(lambda: reply.step([7]), target.device) for _ in range(REPLY_STEPS + 1)][1:]
+    batched = []
+    for requests in levels:
+        replies = [states.open(thinker_prompt(PROMPT_ROWS[0], text.hidden_size))[0]
+                   for _ in range(requests)]
+        step = partial(step_many, [(reply, [7]) for reply in replies])
+        steps = [timed(step, target.device) for _ in range(REPLY_STEPS + 1)][1:]
+        ms = 1000 * float(np.median(steps))
+        batched.append({"requests": requests, "step_ms_p50": figure(ms),
+                        "ms_per_request": figure(ms / requests)})
     return {"parameters": parameters(model), "weight_gib": figure(weight_gib(model)),
             "dtype": dtype_name(target.dtype), "layers": layers,
             "layers_cut": layers < text.num_hidden_layers, "prompts": prompts,
-            "reply_step_ms_p50": figure(1000 * float(np.median(steps))),
-            "batched": False}
+            "batched_steps": batched}
 
 
 def states_layers(target: Target, text: Any) -> int:

@@ -47,18 +47,31 @@ class AudioTower:
         torch.nn.Module.to(encoder, placement.device)  # in place (typed apart from PreTrained)
         return cls(WhisperFeatureExtractor.from_pretrained(release), encoder.eval(), placement)
 
-    @torch.inference_mode()
     def encode(self, audio: np.ndarray) -> torch.Tensor:
         """The features of int16 (or float in [-1, 1]) 16 kHz mono audio."""
+        return self.encode_many([audio])[0]
+
+    @torch.inference_mode()
+    def encode_many(self, audios: list[np.ndarray]) -> list[torch.Tensor]:
+        """The features of several utterances in one pass of the encoder, as the reference
+        thinker encodes a batch: their frames joined, each attended within its own windows."""
+        device, dtype = self.placement.device, self.placement.dtype
+        mels = [self._mel(audio) for audio in audios]
+        frames: Any = torch.tensor([mel.shape[-1] for mel in mels], device=device)  # a LongTensor
+        features = torch.cat(mels, dim=-1).to(device, dtype)
+        after_cnn, rows = self.encoder._get_feat_extract_output_lengths(frames)
+        encoded = self.encoder(features, feature_lens=frames, aftercnn_lens=after_cnn)
+        hidden: torch.Tensor = encoded.last_hidden_state
+        return list(hidden.split(rows.tolist()))
+
+    def _mel(self, audio: np.ndarray) -> torch.Tensor:
+        """(mel bins, frames of real audio) log-mel features, padded to 30 s first as the
+        reference processor pads them (the log-mel floor depends on the whole array)."""
         pcm = audio.reshape(-1)
         if pcm.dtype == np.int16:
             pcm = pcm.astype(np.float32) / INT16_SCALE
         mel = self.features(pcm, sampling_rate=SAMPLE_RATE, padding="max_length",
                             return_attention_mask=True, return_tensors="pt")
-        device, dtype = self.placement.device, self.placement.dtype
-        frames = mel["attention_mask"].sum(-1).to(device)  # (1,): the frames of real audio
-        features = mel["input_features"][0, :, : int(frames[0])].to(device, dtype)
-        after_cnn, _ = self.encoder._get_feat_extract_output_lengths(frames)
-        encoded = self.encoder(features, feature_lens=frames, aftercnn_lens=after_cnn)
-        rows: torch.Tensor = encoded.last_hidden_state
-        return rows
+        frames = int(mel["attention_mask"].sum())
+        features: torch.Tensor = mel["input_features"][0, :, :frames]
+        return features

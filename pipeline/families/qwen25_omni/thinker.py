@@ -5,9 +5,11 @@ the embedded chat history with the caller's audio run through the audio tower in
 torch thread (`thinker_prompt`). Text streams out as vLLM makes it.
 
 What the Talker gets (job.embeds true), in `ThinkerOutput.embeds`, float32 rows of the
-thinker's hidden size computed beside vLLM with the same weights (`thinker_states`), sent in as
-many pieces as the pool's blocks need (`ctx.send_rows`: at the real width, 3584, a 1 MiB block
-holds 73 rows, fewer than a system prompt and a second of audio make):
+thinker's hidden size computed beside vLLM with the same weights (`thinker_states`; concurrent
+calls' reply steps batched, `talker_rows`; vLLM 0.32 cannot hand them over itself:
+docs/decisions/talker-rows-from-vllm.md), sent in as many pieces as the pool's blocks need
+(`ctx.send_rows`: at the real width, 3584, a 1 MiB block holds 73 rows, fewer than a system
+prompt and a second of audio make):
 
 - The FIRST output that carries tokens carries `prompt_tokens + len(token_ids)` rows: first the
   prompt part, `prompt_tokens` rows (final hidden state + input embedding of every prompt row,
@@ -64,10 +66,12 @@ from pipeline.engines.vllm import (
     VllmEngine,
     json_schema_of,
 )
+from pipeline.families.batched_work import BatchedWork
 from pipeline.families.caller_words import CallerWords, with_transcript
 from pipeline.families.context_window import fit_history, reply_budget
 from pipeline.families.end_of_turn import end_of_turn_prompt, probability
 from pipeline.families.qwen25_omni.build import THINKER_LM, built_family, release_dir
+from pipeline.families.qwen25_omni.talker_rows import TalkerRows, batched_steps
 from pipeline.families.qwen25_omni.thinker_lm import read_embed_table
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt, ThinkerPromptBuilder
 from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
@@ -77,6 +81,8 @@ from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, T
 from pipeline.families.torch_placement import Placement
 from pipeline.shm import BlockRef
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
+
+AUDIO_BATCH = 16  # utterances the audio tower encodes in one pass at most
 
 
 class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
@@ -97,12 +103,15 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         if self.talker_rows:
             self.states = await self.torch.run(ThinkerStates.load, family / THINKER_LM,
                                                str(states.device), states.dtype)
+            self.steps = batched_steps(self.torch)
             table = self.states.embed_table
         else:  # no hidden states to compute: the embedding table alone, not the whole LM
             table = await self.torch.run(read_embed_table, family / THINKER_LM, states.dtype)
         self.prompts = await self.torch.run(ThinkerPromptBuilder.load, release_dir(family),
                                             self.engine.tokenizer, table,
                                             Placement.of(ctx.settings, "audio_"))
+        # Utterances that end while the tower is busy are encoded together when it frees.
+        self.encodings = BatchedWork(self.torch, self.prompts.tower.encode_many, AUDIO_BATCH)
         self.max_model_len = self.engine.settings.max_model_len
         self.words = await CallerWords.start(ctx.settings)
         # Random weights never choose EOS on purpose: `ignore_eos` keeps a test's length exact.
@@ -132,7 +141,8 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
     async def _reply(self, job: ThinkerJob,
                      samples: np.ndarray | None) -> AsyncGenerator[ThinkerOutput, None]:
         """The reply's outputs, with the Talker's rows when the job asks for them."""
-        prompt = await self.torch.run(self._prompt_of, job, samples)
+        features = None if samples is None else await self.encodings.run(samples)
+        prompt = await self.torch.run(self._prompt_of, job, features)
         if job.recite is not None:
             replies = _recited(self.prompts.tokenizer, job.recite)
         else:
@@ -141,7 +151,7 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
                                            self._sampling(job, budget))
         rows = None
         if job.embeds and self.states is not None:
-            rows = TalkerRows(self.torch, self.states, prompt)
+            rows = TalkerRows(self.steps, self.states, prompt)
         try:
             async with aclosing(replies):
                 async for delta in replies:
@@ -202,9 +212,9 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
             assert isinstance(view, np.ndarray)  # blocks alone are read as a numpy view
             return view.copy()
 
-    def _prompt_of(self, job: ThinkerJob, samples: np.ndarray | None) -> ThinkerPrompt:
-        """The job's prompt (the audio tower encoding `samples`), in the torch thread."""
-        features = None if samples is None else self.prompts.tower.encode(samples)
+    def _prompt_of(self, job: ThinkerJob, features: torch.Tensor | None) -> ThinkerPrompt:
+        """The job's prompt, the caller's audio `features` in its audio rows; in the torch
+        thread."""
         rows = None if features is None else len(features)
         # The oldest turns go when the history is too long; the caller's audio always stays.
         fitted = fit_history(list(job.messages), lambda m: self.prompts.length(m, rows),
@@ -232,30 +242,6 @@ async def _recited(tokenizer: Any, text: str) -> AsyncGenerator[Delta, None]:
     for piece, token_ids in recited_pieces(tokenizer, text):
         yield Delta(piece, token_ids, finished=False, finish_reason=None)
     yield Delta("", [], finished=True, finish_reason="stop")
-
-
-class TalkerRows:
-    """One request's rows for the Talker: the prompt part first, then each delta's rows."""
-
-    def __init__(self, thread: TorchThread, states: ThinkerStates, prompt: ThinkerPrompt):
-        self.thread = thread
-        # The prompt's hidden states are computed while vLLM prefills the same prompt.
-        self.opened = asyncio.ensure_future(thread.run(states.open, prompt))
-        self.prompt_sent = False
-
-    async def next(self, token_ids: list[int]) -> torch.Tensor:
-        """These reply tokens' rows, after the prompt rows the first time."""
-        reply, prompt_rows = await self.opened
-        rows = await self.thread.run(reply.step, token_ids)
-        if self.prompt_sent:
-            return rows
-        self.prompt_sent = True
-        return torch.cat([prompt_rows, rows])
-
-    def close(self) -> None:
-        """Drop the prompt's computation if nobody waited for it (the request ended early)."""
-        if not self.opened.done():
-            self.opened.cancel()
 
 
 def _word_ids(tokenizer: Any) -> list[int]:

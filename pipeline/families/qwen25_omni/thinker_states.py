@@ -17,7 +17,9 @@ thinker computes while generating the same tokens.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import DynamicCache, Qwen2Model
@@ -71,11 +73,59 @@ class ReplyStates:
         self.cache = cache
         self.length = length  # positions fed so far
 
-    @torch.inference_mode()
     def step(self, token_ids: list[int]) -> torch.Tensor:
         """(len(token_ids), hidden) float32 CPU rows: hidden state + embedding of each token."""
-        table = self.states.embed_table
-        embeds = table[torch.tensor(token_ids, dtype=torch.long, device=table.device)]
-        hidden = self.states._forward(embeds, self.cache, self.length)
-        self.length += len(token_ids)
-        return (hidden + embeds).float().cpu()
+        return step_many([(self, token_ids)])[0]
+
+
+@torch.inference_mode()
+def step_many(steps: list[tuple[ReplyStates, list[int]]]) -> list[torch.Tensor]:
+    """Several requests' reply steps in one forward: each request's rows, as `step` gives them.
+
+    The norms and the MLP (about 87% of a layer's weights at the real width) run once over
+    every request's new tokens together, so concurrent calls read the weights once a step; each
+    request's attention runs over its own cache through the layer's own attention module. The
+    layers are driven by their module names (`input_layernorm`, `self_attn`, `mlp`, ...), the
+    checkpoint's own layout; the parity test against `model(...)` fails if transformers moves
+    them. Each request appears at most once."""
+    if len({id(reply) for reply, _ in steps}) != len(steps):
+        raise ValueError("a request may take one step of a batch")
+    states = steps[0][0].states
+    model = states.model
+    table = states.embed_table
+    ids = torch.tensor([t for _, tokens in steps for t in tokens], device=table.device)
+    embeds = table[ids]
+    positions = torch.cat([torch.arange(reply.length, reply.length + len(tokens))
+                           for reply, tokens in steps]).to(table.device)
+    cos, sin = model.rotary_emb(embeds[None], positions[None])
+    spans = _spans([len(tokens) for _, tokens in steps])
+    hidden = embeds
+    layers: list[Any] = list(model.layers)  # Qwen2DecoderLayer: typed as Module by torch
+    for layer in layers:
+        normed = layer.input_layernorm(hidden)
+        attended = [layer.self_attn(hidden_states=normed[None, span],
+                                    position_embeddings=(cos[:, span], sin[:, span]),
+                                    attention_mask=_causal(reply, len(tokens), normed.device),
+                                    past_key_values=reply.cache)[0][0]
+                    for (reply, tokens), span in zip(steps, spans, strict=True)]
+        hidden = hidden + torch.cat(attended)
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    rows = (model.norm(hidden) + embeds).float().cpu()
+    for reply, tokens in steps:
+        reply.length += len(tokens)
+    return [rows[span] for span in spans]
+
+
+def _spans(lengths: list[int]) -> list[slice]:
+    """Consecutive slices of these lengths."""
+    ends = list(itertools.accumulate(lengths))
+    return [slice(end - length, end) for end, length in zip(ends, lengths, strict=True)]
+
+
+def _causal(reply: ReplyStates, new: int, device: torch.device) -> torch.Tensor | None:
+    """The attention mask of `new` tokens after the request's cached ones (None for one token,
+    which sees everything): token j sees positions up to length + j."""
+    if new == 1:
+        return None
+    total = reply.length + new
+    return torch.ones(new, total, dtype=torch.bool, device=device).tril(reply.length)[None, None]
