@@ -18,6 +18,7 @@ called from a spoken question and its result spoken."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
@@ -184,16 +185,22 @@ async def test_semantic_vad_judges_the_callers_words(served: Served,
         update_session(caller, max_output_tokens=24, audio={"input": {"turn_detection": {
             "type": "semantic_vad", "eagerness": "high"}}})
         await caller.wait_for("session.updated", timeout=10)
-        vad = session_of(served, caller).call.vad
-        # Only a judgement or five seconds of silence end the turn: the words are heard and
-        # scored (recogniser and LM on two busy cores) long before the silence is up.
-        vad.reconfigure(dataclasses.replace(vad.config, silence_ms=5_000))
+        call = session_of(served, caller).call
+        # Only the judgement ends the turn before 10 s (the longest silence allowed): on two
+        # busy cores the recogniser beside the Thinker took up to 5 s to hear the words, longer
+        # than any eagerness's silence, which then ended the turn unjudged.
+        call.vad.reconfigure(dataclasses.replace(call.vad.config, silence_ms=10_000))
         caller.audio.replace(question)
+        judged = 0.0
+        while not judged and not caller.of_type("input_audio_buffer.speech_stopped"):
+            await asyncio.sleep(0.2)
+            after = await scrape(served.url)
+            judged = sum(grew(before, after, ENDS, decision=d) for d in ("ended", "waited"))
+        assert judged >= 1, "the words were scored at the pause"
+        if grew(before, after, ENDS, decision="waited"):
+            assert call.end_utterance(), "the caller is still in the pause that was judged"
         done = (await caller.wait_for("response.done", timeout=180))["response"]
         assert done["status"] == "completed", done
-        after = await scrape(served.url)
-        judged = sum(grew(before, after, ENDS, decision=d) for d in ("ended", "waited"))
-        assert judged >= 1, "the words were scored at the pause"
         (heard,) = caller.of_type("conversation.item.input_audio_transcription.completed")
         assert "france" in heard["transcript"].lower(), heard
     finally:
