@@ -8,12 +8,14 @@ tiny release has RANDOM weights and random non-zero Linear biases (`release.rand
 a converter that drops a bias changes the logits, and the last tests show that it is caught.
 The talker is also converted at the real release's widths (896 wide, 12 heads of 128, 4 KV
 heads, a 3584-wide thinker side; one layer, random weights), the head layout that transformers'
-LlamaConfig refuses.
+LlamaConfig refuses; and the thinker's LM at its real widths (3584 wide, 28 heads, 4 KV heads;
+one layer, random weights and biases, the tiny vocabulary).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,9 +23,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
+    Qwen2_5OmniConfig,
     Qwen2_5OmniForConditionalGeneration,
     Qwen2_5OmniTalkerConfig,
     Qwen2_5OmniTalkerForConditionalGeneration,
+    Qwen2_5OmniThinkerForConditionalGeneration,
 )
 
 from pipeline.families.qwen25_omni.real_size import REAL_TALKER
@@ -36,7 +40,7 @@ from pipeline.families.qwen25_omni.release import (
     write_tiny_release,
 )
 from pipeline.families.qwen25_omni.talker_lm import convert_talker
-from pipeline.families.qwen25_omni.thinker_lm import write_thinker_lm
+from pipeline.families.qwen25_omni.thinker_lm import TOKENIZER_FILES, write_thinker_lm
 
 # max |logit difference|; measured 0.0 (thinker) and 3.6e-7 (talker), float32. A dropped bias
 # moved the logits by 9.9e-3 (thinker q_proj), 0.29 (thinker v_proj), 0.21 (talker v_proj); a
@@ -46,6 +50,9 @@ TOLERANCE = 1e-5
 IDS = [5, 17, 33, 60, 12, 99, 41, 7, 250, 3]
 CODES = [0, 7, 255, 31, 128, 64, 9, 200]
 SEED = 11
+# Qwen2.5-Omni-7B's thinker text model (its config.json), one layer of it.
+REAL_THINKER_TEXT = {"hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
+                     "num_key_value_heads": 4, "num_hidden_layers": 1}
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +237,40 @@ def test_the_talker_converts_at_the_real_release_widths(tmp_path: Path) -> None:
     assert (config["hidden_size"], config["num_attention_heads"], config["head_dim"],
             config["num_key_value_heads"]) == (896, 12, 128, 4)
     assert _talker_error(talker, pad_row, lm_dir) < TOLERANCE
+
+
+def _real_width_thinker_release(release: Path, directory: Path) -> torch.nn.Module:
+    """`release` with its thinker at the real text widths (3584 wide, 28 heads of 128, 4 KV
+    heads, 18944 MLP; one layer, random weights and biases; the tiny vocabulary, the audio
+    tower one layer of its real width projecting to 3584), its tokenizer files alongside."""
+    settings = Qwen2_5OmniConfig.from_pretrained(release).to_dict()
+    thinker_settings = settings["thinker_config"]
+    thinker_settings["text_config"].pop("layer_types", None)  # one per layer: derived anew
+    thinker_settings["text_config"].update(REAL_THINKER_TEXT)
+    thinker_settings["text_config"]["rope_parameters"]["mrope_section"] = [16, 24, 24]  # 7B's
+    thinker_settings["audio_config"].update(encoder_layers=1,
+                                            output_dim=REAL_THINKER_TEXT["hidden_size"])
+    config = Qwen2_5OmniConfig.from_dict(settings)
+    torch.manual_seed(SEED)
+    thinker = Qwen2_5OmniThinkerForConditionalGeneration(config.thinker_config).eval()
+    random_biases(thinker, torch.Generator().manual_seed(SEED))
+    directory.mkdir()
+    tensors = {f"thinker.{k}": v.contiguous() for k, v in thinker.state_dict().items()}
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    config.save_pretrained(directory)
+    for name in TOKENIZER_FILES:
+        if (release / name).is_file():
+            shutil.copyfile(release / name, directory / name)
+    return thinker
+
+
+def test_the_thinker_converts_at_the_real_release_widths(release: Path, tmp_path: Path) -> None:
+    thinker = _real_width_thinker_release(release, tmp_path / "release")
+    write_thinker_lm(tmp_path / "release", tmp_path / "lm")
+    config = json.loads((tmp_path / "lm" / "config.json").read_text())
+    assert {key: config[key] for key in REAL_THINKER_TEXT} == REAL_THINKER_TEXT
+    with torch.no_grad():
+        want = thinker(input_ids=torch.tensor([IDS]), position_ids=_positions(len(IDS))).logits[0]
+    error = float((_lm_logits(tmp_path / "lm", IDS) - want).abs().max())
+    print(f"\n[qwen25-omni-conversion] real-width thinker LM max |logit diff|: {error:.2e}")
+    assert error < TOLERANCE
