@@ -20,12 +20,12 @@ from pipeline.families.qwen25_omni.token2wav_window import (
     CONTEXT_TOKENS,
     LOOKAHEAD_TOKENS,
     Speaker,
+    TurnTokens,
     Window,
     WindowRenderer,
 )
 from pipeline.families.qwen25_omni.voicebox import (
     OmniVoiceBox,
-    TurnTokens,
     load_speakers,
     load_token2wav,
 )

@@ -138,18 +138,16 @@ def _token2wav_level(renderer: Any, streams: int, target: Target) -> dict[str, A
 
 
 def turn_windows(renderer: Any, tokens: list[int]) -> list[Any]:
-    """The windows `OmniVoiceBox` renders for one reply handed on in the cascade's groups: each
-    group's job voices what it can but the last `block_tokens` (its lookahead), the closing job
-    the rest (its `TurnTokens`, the whole history kept here: the same windows)."""
-    lookahead = renderer.block_tokens
-    ends = [*range(FIRST_GROUP, len(tokens), GROUP), len(tokens)]  # each group's last token
-    windows, voiced = [], 0
-    for end in ends:
-        upto = max(voiced, end - lookahead)
-        windows.append(renderer.plan(tokens[:voiced], 0, tokens[voiced:upto],
-                                     future=tokens[upto:end]))
-        voiced = upto
-    windows.append(renderer.plan(tokens[:voiced], 0, tokens[voiced:]))  # the closing job
+    """The windows `OmniVoiceBox` renders for one reply handed on in the cascade's groups, by
+    its own `TurnTokens`: each group's job voices what it can but the last `block_tokens` (its
+    lookahead), the closing job the rest."""
+    from pipeline.families.qwen25_omni.token2wav_window import CONTEXT_TOKENS, TurnTokens
+
+    turn, lookahead = TurnTokens(), renderer.block_tokens
+    starts = [0, *range(FIRST_GROUP, len(tokens), GROUP)]  # each group's first token
+    windows = [turn.window(renderer, tokens[start:end], True, CONTEXT_TOKENS, lookahead)
+               for start, end in zip(starts, [*starts[1:], len(tokens)], strict=True)]
+    windows.append(turn.window(renderer, [], False, CONTEXT_TOKENS, lookahead))  # closing job
     return windows
 
 

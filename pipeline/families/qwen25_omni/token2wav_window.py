@@ -55,7 +55,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import Qwen2_5OmniToken2WavModel
@@ -265,3 +265,30 @@ def _masked_padding(dit: Qwen2_5OmniToken2WavDiTModel, frames: Sequence[int],
         yield
     finally:
         del dit._create_block_diff
+
+
+@dataclass
+class TurnTokens:
+    """One turn's tokens as far as its windows need them: the latest `tokens`, the first of
+    which is the turn's token number `offset`, and how many of the turn's tokens are voiced."""
+
+    tokens: list[int] = field(default_factory=list)
+    offset: int = 0
+    voiced: int = 0
+
+    def window(self, renderer: WindowRenderer, new: list[int], more: bool, context: int,
+               lookahead: int) -> Window:
+        """Take the job's tokens; the window voicing all not yet voiced, but for the last
+        `lookahead` when `more` of the turn follows. Keeps what later windows need."""
+        self.tokens += new
+        end = self.offset + len(self.tokens)
+        upto = max(self.voiced, end - lookahead) if more else end
+        at = self.voiced - self.offset
+        window = renderer.plan(self.tokens[:at], self.offset,
+                               self.tokens[at: upto - self.offset], context,
+                               self.tokens[upto - self.offset:])
+        self.voiced = upto
+        drop = max(0, self.voiced - context - renderer.block_tokens - self.offset)
+        del self.tokens[:drop]
+        self.offset += drop
+        return window

@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ from pipeline.families.qwen25_omni.token2wav_window import (
     CONTEXT_TOKENS,
     SamplerSettings,
     Speaker,
+    TurnTokens,
     Window,
     WindowRenderer,
 )
@@ -100,33 +100,6 @@ def load_speakers(release: Path) -> dict[str, Speaker]:
     table = torch.load(Path(release) / "spk_dict.pt", weights_only=True)
     return {name: Speaker(entry["cond"].float(), entry["ref_mel"].float())
             for name, entry in table.items()}
-
-
-@dataclass
-class TurnTokens:
-    """One turn's tokens as far as its windows need them: the latest `tokens`, the first of
-    which is the turn's token number `offset`, and how many of the turn's tokens are voiced."""
-
-    tokens: list[int] = field(default_factory=list)
-    offset: int = 0
-    voiced: int = 0
-
-    def window(self, renderer: WindowRenderer, new: list[int], more: bool, context: int,
-               lookahead: int) -> Window:
-        """Take the job's tokens; the window voicing all not yet voiced, but for the last
-        `lookahead` when `more` of the turn follows. Keeps what later windows need."""
-        self.tokens += new
-        end = self.offset + len(self.tokens)
-        upto = max(self.voiced, end - lookahead) if more else end
-        at = self.voiced - self.offset
-        window = renderer.plan(self.tokens[:at], self.offset,
-                               self.tokens[at: upto - self.offset], context,
-                               self.tokens[upto - self.offset:])
-        self.voiced = upto
-        drop = max(0, self.voiced - context - renderer.block_tokens - self.offset)
-        del self.tokens[:drop]
-        self.offset += drop
-        return window
 
 
 def sampler_settings(settings: dict[str, Any]) -> SamplerSettings:
