@@ -28,7 +28,7 @@ from pipeline.families.qwen25_omni.build import (
 from pipeline.families.qwen25_omni.talker import OmniTalker
 from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn, speak
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
-from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
+from pipeline.families.qwen25_omni.thinker_states import ThinkerStates, step_many
 from pipeline.shm import BlockPool
 from pipeline.stage import TalkerJob, TalkerOutput
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
@@ -188,7 +188,7 @@ async def test_the_thinker_stages_rows_drive_it_as_the_reference_generate_does(
     replies, prompt_rows = states.open(ThinkerPrompt(ids[0].tolist(), table[ids[0]],
                                                      torch.zeros(ids.shape[1], dtype=torch.bool)))
     turn = _turn(talker, prompt_rows)
-    turn.add_reply(replies.step(thought.sequences[0, ids.shape[1]:].tolist()))
+    turn.add_reply(step_many([(replies, thought.sequences[0, ids.shape[1]:].tolist())])[0])
     turn.end_text()
     codes = await _speak(talker, turn, "parity/t3/talker/0", replace(PARITY, max_codes=30))
     assert codes == expected

@@ -126,7 +126,8 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
                                  allowed_token_ids=allowed)
 
     async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
-        samples = None if job.audio is None else await self.torch.run(self._samples, job.audio)
+        # A copy of at most one block: on the loop, not behind the torch thread's work
+        samples = None if job.audio is None else self._samples(job.audio)
         transcript = None
         if samples is not None and self.words is not None:
             transcript = asyncio.ensure_future(self._transcript(job, samples))

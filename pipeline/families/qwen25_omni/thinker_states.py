@@ -66,21 +66,19 @@ class ThinkerStates:
 
 
 class ReplyStates:
-    """One request's KV cache in the hidden-state model, fed reply tokens as they arrive."""
+    """One request's KV cache in the hidden-state model, fed reply tokens as they arrive
+    (`step_many`)."""
 
     def __init__(self, states: ThinkerStates, cache: DynamicCache, length: int) -> None:
         self.states = states
         self.cache = cache
         self.length = length  # positions fed so far
 
-    def step(self, token_ids: list[int]) -> torch.Tensor:
-        """(len(token_ids), hidden) float32 CPU rows: hidden state + embedding of each token."""
-        return step_many([(self, token_ids)])[0]
-
 
 @torch.inference_mode()
 def step_many(steps: list[tuple[ReplyStates, list[int]]]) -> list[torch.Tensor]:
-    """Several requests' reply steps in one forward: each request's rows, as `step` gives them.
+    """Several requests' reply steps in one forward: each request's (len(tokens), hidden)
+    float32 CPU rows, the hidden state + embedding of each token fed.
 
     The norms and the MLP (about 87% of a layer's weights at the real width) run once over
     every request's new tokens together, so concurrent calls read the weights once a step; each
