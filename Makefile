@@ -8,6 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PROFILE ?= local
 PYTEST_ARGS ?=
+BENCH_CHECK_ARGS ?=
 
 # vLLM flavour: the CUDA build where an NVIDIA driver answers, the CPU build elsewhere.
 ENGINE := $(shell nvidia-smi -L >/dev/null 2>&1 && echo engine-gpu || echo engine-cpu)
@@ -20,7 +21,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 SYSTEM_PACKAGES := espeak-ng chromium sox sip-tester
 SYSTEM_COMMANDS := espeak-ng chromium sox sipp
 
-.PHONY: setup run test soak lint system-packages models clean
+.PHONY: setup run test soak bench-check lint system-packages models clean
 
 setup: $(STAMP)
 
@@ -80,6 +81,12 @@ soak: setup
 	OMNIVOX_ORPHEUS_CHAT_THINKER=1 $(BIN)/python -m pytest -s tests/test_orpheus_chat_thinker.py
 	OMNIVOX_SIP_SOAK_CALLS=8 $(BIN)/python -m pytest -s tests/test_sip_bridge.py -k concurrent
 	OMNIVOX_REAL_WIDTHS=1 $(BIN)/python -m pytest -s tests/test_real_width_calls.py
+
+# The regression guard of the turn path: the short benches against
+# docs/measurements/baseline.json (not a test: timings are noisy). BENCH_CHECK_ARGS=--record
+# writes this run's figures as the new baseline.
+bench-check: setup
+	$(BIN)/omnivox bench check $(BENCH_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) models data

@@ -59,12 +59,10 @@ class CascadeSettings(BaseModel):
         2.0, gt=0, description="cut the next chunk early (like a first one) once the audio "
         "not yet heard is shorter than this many times the turn's longest delay of a chunk "
         "from its cut to its first audio (None: never)")
-    max_start_hold_s: float = Field(
-        1.0, ge=0, description="hold a reply's first audio back up to this long when the "
-        "Thinker, at its pace so far, would have the next chunk voiced only after the first "
-        "runs out (a slower start, not a gap; 0: never)")
-    first_group: int = Field(4, ge=1, description="speech tokens in the first VoiceBox group")
-    group: int = Field(16, ge=1, description="speech tokens in each later group")
+    first_group: int = Field(
+        4, ge=1, description="speech tokens in a reply's first VoiceBox group, and in a "
+        "chunk's first once the caller is about to run dry; each next group is twice as long")
+    group: int = Field(16, ge=1, description="speech tokens in each later group, at most")
     context_tokens: int = Field(256, ge=0, description="earlier speech tokens given the Talker")
     closing_chunk: bool = Field(
         False, description="mark a reply's last Talker job, and send one even when no text is "

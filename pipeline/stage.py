@@ -66,6 +66,7 @@ class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):
     finished: bool = False
     finish_reason: str | None = None
     prompt_tokens: int = 0  # the request's prompt length (usage), once known
+    cached_tokens: int = 0  # of those, the ones the engine's prefix cache already held
     # Leading rows of `embeds` that are the prompt's, not these tokens' (a family whose Talker
     # reads the Thinker's prompt part sends them once, with its first tokens).
     prompt_rows: int = 0
@@ -85,6 +86,11 @@ class TalkerJob(msgspec.Struct, frozen=True, tag="talker_job"):
     group: int = 16  # tokens per later group
     prompt_rows: int = 0  # leading rows of text_embeds that are the Thinker's prompt part
     last: bool = False  # the reply ends with this chunk (cascade.closing_chunk: always marked)
+
+    def next_group(self, size: int) -> int:
+        """The group after one of `size` tokens: twice as long, up to `group`. Growing from a
+        small first group, each group is rendered while the one before it plays."""
+        return max(1, min(self.group, 2 * size))
 
 
 class TalkerOutput(msgspec.Struct, frozen=True, tag="talker_out"):

@@ -116,14 +116,13 @@ class TurnRun:
         # (audio turns), the first reply text, the first speech tokens and the first PCM
         # arrived; voicebox_s is the time the VoiceBox requests took (its real-time factor is
         # voicebox_s / audio_s).
-        self._usage: dict[str, Any] = {"thinker_tokens": 0, "speech_tokens": 0, "chunks": 0,
+        self._usage: dict[str, Any] = {"prompt_tokens": 0, "cached_tokens": 0,
+                                       "thinker_tokens": 0, "speech_tokens": 0, "chunks": 0,
                                        "audio_s": 0.0, "voicebox_s": 0.0, "transcript_s": None,
                                        "first_text_s": None, "first_speech_tokens_s": None,
-                                       "first_audio_s": None, "start_hold_s": 0.0}
+                                       "first_audio_s": None}
         self._t0 = time.monotonic()
-        cascade = settings.cascade
-        self._ahead = AudioAhead(cascade.hurry_factor, cascade.first_chunk_chars,
-                                 cascade.max_start_hold_s)
+        self._ahead = AudioAhead(settings.cascade.hurry_factor)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._drive(), name=f"turn {self.turn.turn_id}")
@@ -203,10 +202,12 @@ class TurnRun:
                         await self._emit(Transcript(turn.turn_id, out.transcript,
                                                     out.end_of_turn))
                     self._usage["thinker_tokens"] += len(out.token_ids)
+                    if out.prompt_tokens:
+                        self._usage["prompt_tokens"] = out.prompt_tokens
+                        self._usage["cached_tokens"] = out.cached_tokens
                     if not out.text and not out.token_ids:
                         continue
                     if out.text:
-                        self._ahead.wrote(len(out.text))
                         self._reply.append(out.text)
                         self._mark("first_text_s")
                         await self._emit(TextDelta(turn.turn_id, out.text))
@@ -215,7 +216,6 @@ class TurnRun:
                     piece = Piece(out.text, tuple(out.token_ids), embeds, out.prompt_rows)
                     if chunk := chunker.feed(piece, self._ahead.running_low()):
                         await self._pass_on(chunk, chunks)
-            self._ahead.finished_writing()
             if chunks is not None and (chunk := chunker.flush(cascade.closing_chunk)):
                 await self._pass_on(chunk, chunks)
         finally:
@@ -225,7 +225,7 @@ class TurnRun:
 
     async def _pass_on(self, chunk: Chunk, chunks: Channel[Chunk]) -> None:
         """Hand a chunk to the Talker loop, timing its cut (the delay to its first audio)."""
-        self._ahead.cut(chunk.index, chunk.end)
+        self._ahead.cut(chunk.index)
         await chunks.put(chunk)
 
     async def _talk(self, chunks: Channel[Chunk], groups: Channel[Group]) -> None:
@@ -249,8 +249,8 @@ class TurnRun:
                     context = spoken[-cascade.context_tokens:] if cascade.context_tokens else []
                     job = TalkerJob(self.request_id("talker", chunk.index), chunk.text, pieces,
                                     context, self.turn.voice,
-                                    cascade.first_group if chunk.index == 0 else cascade.group,
-                                    cascade.group, chunk.prompt_rows, chunk.last)
+                                    self._first_group(chunk), cascade.group,
+                                    chunk.prompt_rows, chunk.last)
                     on_sent = functools.partial(sent.append, True)
                     async with self._stream("talker", job, on_sent) as outputs:
                         index = 0
@@ -270,6 +270,14 @@ class TurnRun:
             self._usage["speech_tokens"] = len(spoken)
         finally:
             groups.close()
+
+    def _first_group(self, chunk: Chunk) -> int:
+        """The first group of a chunk's speech tokens: small for the reply's first chunk and
+        whenever the caller is about to run dry (then growing, TalkerJob.next_group)."""
+        cascade = self.settings.cascade
+        if chunk.index == 0 or self._ahead.running_low():
+            return cascade.first_group
+        return cascade.group
 
     async def _voice(self, groups: Channel[Group]) -> None:
         """Render each group in order, telling the VoiceBox that more of the turn follows
@@ -299,9 +307,7 @@ class TurnRun:
                 self._mark("first_audio_s")
                 seconds = len(pcm) / max(out.sample_rate, 1)
                 self._usage["audio_s"] += seconds
-                if hold := self._ahead.rendered(chunk.index, seconds):
-                    self._usage["start_hold_s"] = hold
-                    await asyncio.sleep(hold)
+                self._ahead.rendered(chunk.index, seconds)
                 await self._emit(AudioChunk(self.turn.turn_id, pcm, out.sample_rate,
                                             chunk.text, chunk.start, chunk.end))
                 waiting_since = time.monotonic()

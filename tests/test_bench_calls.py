@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from agent.bench import check
 from agent.bench.call_script import GAP_MS, refusal_reason
 from agent.bench.calls_report import report, summarise
 from agent.bench.level import Plan
@@ -138,6 +139,13 @@ def test_bench_calls_command(tiny_models_dir: Path, tmp_path: Path) -> None:
         assert server["event_loop_lag_p99_ms"] is not None and server["event_loop_lag_p99_ms"] > 0
         assert server["calls_dropped"] == 0 and server["calls_refused"] == 0, server
         assert server["server_ttfa_p50_ms"] is not None, server
+    # `bench check` reads its 1-call figures out of this same JSON, each one there.
+    one_call = check.read_figures(check.Run("calls", (), check.calls_figures(1)), result)
+    level = result["levels"][0]
+    assert one_call["calls: 1 call: first audio after the end-of-turn silence p50 ms"][
+        "value"] == pytest.approx(level["ttfa_after_vad_ms"]["p50"], abs=1e-3)
+    assert one_call["calls: 1 call: gaps in replies"]["value"] == level["gaps"]
+    assert all(figure["value"] is not None for figure in one_call.values()), one_call
     ratio = result["cascade_vs_sequential"]
     assert ratio["concurrency"] == 1
     assert ratio["cascade_ms"] == result["levels"][0]["ttfa_after_vad_ms"]["p50"], ratio
@@ -239,3 +247,17 @@ def test_pacing_lateness_recent_p99() -> None:
     assert lateness.recent_quantile(0.99, 5.0, now=101.0) == 0.5
     assert lateness.recent_quantile(0.99, 5.0, now=110.0) == 0.0  # the window moved on
     assert sum(lateness.counts) == 101 and lateness.total_s == pytest.approx(0.996)
+
+
+def test_bench_check_flags_a_figure_over_a_quarter_worse() -> None:
+    recorded = {"a": {"value": 100.0}, "b": {"value": 10.0}, "c": {"value": 0.0},
+                "d": {"value": 50.0}}
+    figures = {"a": {"value": 124.0, "higher_is_better": False},  # within 25%
+               "b": {"value": 7.0, "higher_is_better": True},  # 30% fewer turns/s
+               "c": {"value": 1.0, "higher_is_better": False},  # a gap where none was
+               "d": {"value": None, "higher_is_better": False},  # not measured this run
+               "e": {"value": 3.0, "higher_is_better": False}}  # no baseline yet
+    rows = {row["figure"]: row for row in check.compare(figures, recorded)}
+    assert [name for name, row in rows.items() if row["worse"]] == ["b", "c"]
+    assert rows["a"]["ratio"] == pytest.approx(1.24) and rows["e"]["ratio"] is None
+    assert check.worse(126.0, 100.0, higher_is_better=False)

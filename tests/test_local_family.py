@@ -213,6 +213,31 @@ async def test_thinker_asks_again_when_unsure_of_the_words(
     assert pool.in_use == held, "the audio block is released"
 
 
+async def test_thinker_reuses_the_conversation_s_prompt_from_its_prefix_cache(
+        thinker: LocalThinker) -> None:
+    """Each turn's prompt starts with the whole prompt of the turn before (the history kept
+    token-identical), so the engine's prefix cache holds all of it but the last partial
+    block: a turn's prefill is its new words only."""
+    block = thinker.engine.llm.vllm_config.cache_config.block_size
+    messages: list[dict[str, str]] = [SYSTEM]
+    previous: list[int] = []
+    for turn, question in enumerate(("Is milk white?", "What is two plus two?",
+                                     "Which animal says woof?", "Is the sun hot?")):
+        messages.append({"role": "user", "content": question})
+        prompt = thinker.prompt_ids(messages, 24)
+        assert prompt[:len(previous)] == previous, "the history changed between turns"
+        job = ThinkerJob(f"call/cache{turn}/thinker/0", list(messages), max_tokens=24)
+        outputs = [out async for out in thinker.stream(job)]
+        reply = "".join(out.text for out in outputs)
+        assert outputs[-1].prompt_tokens == len(prompt)
+        cached = outputs[-1].cached_tokens
+        print(f"\n[local-bench] turn {turn}: prompt {len(prompt)} tokens, {cached} cached")
+        if turn:  # the whole blocks of the turn before's prompt, at least
+            assert len(previous) - block <= cached < len(prompt), (cached, len(previous))
+        messages.append({"role": "assistant", "content": reply})
+        previous = prompt
+
+
 async def test_thinker_abort_ends_the_stream(thinker: LocalThinker) -> None:
     messages = [SYSTEM, {"role": "user", "content": "Tell me a long story about a dragon."}]
     job = ThinkerJob("call/t2/thinker/0", messages, max_tokens=200)

@@ -20,6 +20,7 @@ MODULE_BENCHES = {
     "answers": "agent.bench.answers",
     "turn-ends": "agent.bench.turn_ends",
     "rtp": "agent.bench.rtp",
+    "check": "agent.bench.check",
 }
 
 

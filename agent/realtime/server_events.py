@@ -143,13 +143,16 @@ def response_object(
 
 
 def usage_object(pipeline_usage: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's usage object from the pipeline's counts (text and speech tokens generated)."""
+    """OpenAI's usage object from the pipeline's counts: the Thinker's prompt (and how much of
+    it the engine's prefix cache held), the text and speech tokens generated."""
     text = int(pipeline_usage.get("thinker_tokens", 0))
     audio = int(pipeline_usage.get("speech_tokens", 0))
     prompt = int(pipeline_usage.get("prompt_tokens", 0))
+    cached = int(pipeline_usage.get("cached_tokens", 0))
     return {
         "total_tokens": prompt + text + audio,
         "input_tokens": prompt,
+        "input_token_details": {"cached_tokens": cached},
         "output_tokens": text + audio,
         "output_token_details": {"text_tokens": text, "audio_tokens": audio},
     }

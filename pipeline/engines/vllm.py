@@ -123,6 +123,9 @@ class Delta:
     # The ids' log-probabilities under the model's raw distribution (before masks, penalties
     # and temperature), when the Sampling asked for them.
     logprobs: list[float] | None = None
+    # Leading prompt tokens whose KV cache the engine found already computed (prefix caching:
+    # a conversation's system prompt and history, reused from its earlier turns).
+    cached_tokens: int = 0
 
 
 def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any]:
@@ -212,7 +215,8 @@ class VllmEngine:
             async for output in outputs:
                 completion = output.outputs[0]
                 yield Delta(completion.text, list(completion.token_ids), output.finished,
-                            completion.finish_reason, _sampled_logprobs(completion))
+                            completion.finish_reason, _sampled_logprobs(completion),
+                            output.num_cached_tokens or 0)
 
     async def next_token_logprobs(self, request_id: str, prompt: list[int],
                                   top: int = TOP_LOGPROBS) -> dict[int, float]:

@@ -147,7 +147,8 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
             async for delta in deltas:
                 yield ThinkerOutput(rid, text=delta.text, token_ids=delta.token_ids,
                                     finished=delta.finished, finish_reason=delta.finish_reason,
-                                    prompt_tokens=len(prompt))
+                                    prompt_tokens=len(prompt),
+                                    cached_tokens=delta.cached_tokens)
 
     def _recited(self, rid: str, text: str) -> list[ThinkerOutput]:
         """`text` as a whole reply, in the pieces a generated one would come in."""

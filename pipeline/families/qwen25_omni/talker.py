@@ -97,7 +97,7 @@ class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
         rid, pending = job.request_id, []
         rows = await self.torch.run(self._rows, job)  # the job's blocks are released by now
         turn = self._turn(info, self._voice(job.voice))
-        size, later = max(1, job.first_group), max(1, job.group)
+        size = max(1, job.first_group)
         self.jobs[rid] = turn
         try:
             await self.torch.run(self._feed, turn, info, rows)
@@ -106,7 +106,7 @@ class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
                     pending.append(code)
                     if len(pending) >= size:
                         yield TalkerOutput(rid, tokens=pending)
-                        pending, size = [], later
+                        pending, size = [], job.next_group(size)
         finally:
             del self.jobs[rid]
             if info.last or turn.aborted:  # a turn whose speech ended early stays: its

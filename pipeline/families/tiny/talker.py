@@ -56,14 +56,14 @@ class TinyTalker(EngineStage[TalkerJob, TalkerOutput]):
                             temperature=float(self.ctx.settings.get("temperature", 0.8)),
                             seed=int(self.ctx.settings.get("seed", 0)), detokenize=False)
         pending: list[int] = []
-        size, later = max(1, job.first_group), max(1, job.group)
+        size = max(1, job.first_group)
         deltas = self.engine.generate(job.request_id, prompt, sampling)
         async with aclosing(deltas):
             async for delta in deltas:
                 pending.extend(delta.token_ids)
                 while len(pending) >= size and not delta.finished:
                     yield TalkerOutput(job.request_id, tokens=pending[:size])
-                    pending, size = pending[size:], later
+                    pending, size = pending[size:], job.next_group(size)
                 if delta.finished:
                     yield TalkerOutput(job.request_id, tokens=pending, finished=True,
                                        finish_reason=delta.finish_reason)

@@ -63,7 +63,8 @@ class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
                                     embeds=await self._embeds(job, delta.token_ids),
                                     finished=delta.finished,
                                     finish_reason=delta.finish_reason,
-                                    prompt_tokens=len(prompt))
+                                    prompt_tokens=len(prompt),
+                                    cached_tokens=delta.cached_tokens)
 
     async def _recite(self, job: ThinkerJob, text: str) -> AsyncIterator[ThinkerOutput]:
         """The given text as the reply: its tokens' embeddings are what the model's own
