@@ -54,10 +54,10 @@ class VadConfig:
     silence_ms: int = Field(
         default=500, ge=0, le=10_000,
         description="silence that ends an utterance (0: the first unvoiced frame)")
-    # Off by default until the Chromium barge-in test passes with it on (README, "Preemptive
-    # replies").
+    # A reply starts at a 200 ms pause and is sent only once the silence confirms the turn:
+    # up to 300 ms sooner (README, "Preemptive replies").
     pause_ms: int = Field(
-        default=0, ge=0, le=10_000,
+        default=200, ge=0, le=10_000,
         description="silence that marks a pause inside an utterance, where a reply may start "
                     "before the turn ends (0, or not shorter than silence_ms: none)")
     preroll_ms: int = Field(

@@ -66,8 +66,10 @@ def test_one_utterance_has_the_true_boundaries_and_audio(speech: Speech) -> None
     vad = VadSegmenter(config)
     events = feed(vad, speech.pcm)
 
-    assert [type(e) for _, e in events] == [SpeechStarted, SpeechStopped]
-    (_, started), (stopped_at, stopped) = events
+    # By default a pause (pause_ms, for a preemptive reply) comes before the close.
+    assert [type(e) for _, e in events] == [SpeechStarted, SpeechPaused, SpeechStopped]
+    (_, started), (paused_at, _), (stopped_at, stopped) = events
+    assert paused_at == stopped_at - config.silence_ms + config.pause_ms
     assert abs(started.audio_start_ms - speech.start_ms) <= TOLERANCE_MS
     assert abs(stopped.audio_end_ms - speech.end_ms) <= TOLERANCE_MS
     assert stopped.audio_start_ms == started.audio_start_ms
@@ -148,7 +150,7 @@ def test_end_now_closes_at_a_pause_and_nowhere_else(speech: Speech) -> None:
 
 
 def test_two_utterances_on_one_timeline(speech: Speech) -> None:
-    vad = VadSegmenter(VadConfig())
+    vad = VadSegmenter(VadConfig(pause_ms=0))  # the boundaries alone: pauses have their tests
     offset_ms = len(speech.pcm) // SAMPLES_PER_MS
     events = [e for _, e in feed(vad, np.concatenate([speech.pcm, speech.pcm]))]
 
@@ -160,7 +162,7 @@ def test_two_utterances_on_one_timeline(speech: Speech) -> None:
 
 
 def test_burst_shorter_than_onset_does_not_start_speech(speech: Speech) -> None:
-    config = VadConfig(onset_ms=60)
+    config = VadConfig(onset_ms=60, pause_ms=0)  # no pauses: they have their own tests
     # The loudest 40 ms of the clip, frame-aligned, alone in silence.
     frames = frames_of(speech.pcm)
     loudest = int(np.argmax([np.abs(f.astype(np.int32)).sum() for f in frames]))
@@ -200,7 +202,7 @@ def test_max_utterance_caps_and_needs_a_fresh_onset(speech: Speech) -> None:
 
 
 def test_clear_drops_speech_in_progress(speech: Speech) -> None:
-    config = VadConfig()
+    config = VadConfig(pause_ms=0)  # no pauses: they have their own tests
     vad = VadSegmenter(config)
     head = speech.pcm[: (speech.start_ms + 400) * SAMPLES_PER_MS]
     events = feed(vad, head)

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.bench.calls_report import TARGETS, report, summarise
+from agent.bench.calls_report import FIRST_AUDIO_TARGETS, TARGETS, report, summarise
 from agent.bench.capacity import best_calls_per_core
 from agent.bench.level import Plan
 from agent.bench.load import run_level
@@ -122,7 +122,11 @@ def bench_calls(options: Options) -> dict[str, Any]:
                               "url": options.url, "plan": {
                                   k: v for k, v in asdict(base).items()
                                   if k not in ("url", "concurrency", "speech", "api_key")},
-                              "workers": workers, "targets": TARGETS, "sequential": None,
+                              "workers": workers, "sequential": None,
+                              "targets": {**TARGETS, "first_audio_p50_ms": [
+                                  dict(zip(("calls", "figure", "turn_detection", "ms"), target,
+                                           strict=True))
+                                  for target in FIRST_AUDIO_TARGETS.get(options.profile, ())]},
                               "cascade_vs_sequential": None}
     result["calls_per_core"] = None
     result["call_plane_cpus"] = sorted(pinned[0]) if pinned else None

@@ -50,6 +50,7 @@ QUESTIONS = (
 FIGURES = (
     ("asr_s", "ASR done (transcript)", None),
     ("thinker_first_token_s", "Thinker first token", None),
+    ("thinker_prefill_s", "(Thinker's first token after the words)", None),
     ("talker_first_tokens_s", "Talker first speech tokens", None),
     ("voicebox_first_chunk_s", "VoiceBox first chunk", None),
     ("first_frame_sent_s", "first audio frame sent (server)", None),
@@ -57,6 +58,8 @@ FIGURES = (
     ("voicebox_rtf", "VoiceBox real-time factor", ("p50", 0.5)),
     ("underruns", "underruns per reply (track ran dry)", ("max", 0)),
     ("audio_s", "(reply audio, s)", None),
+    ("prompt_tokens", "(Thinker's prompt, tokens)", None),
+    ("cached_tokens", "(of it in the prefix cache, tokens)", None),
     ("vad_close_s", "(caller's last sample -> speech_stopped)", None),
 )
 PAUSE_S = 0.8  # between the end of a reply and the next question
@@ -148,6 +151,7 @@ def server_figures(app: Any, call_id: str) -> dict[str, float | None]:
     return {
         "asr_s": usage.get("transcript_s"),
         "thinker_first_token_s": usage.get("first_text_s"),
+        "thinker_prefill_s": _since(usage.get("first_text_s"), usage.get("transcript_s")),
         "talker_first_tokens_s": usage.get("first_speech_tokens_s"),
         "voicebox_first_chunk_s": usage.get("first_audio_s"),
         "first_frame_sent_s": (reply.first_frame_at - reply.started_at
@@ -155,7 +159,13 @@ def server_figures(app: Any, call_id: str) -> dict[str, float | None]:
         "voicebox_rtf": usage["voicebox_s"] / audio_s if audio_s else None,
         "audio_s": audio_s,
         "underruns": reply.underruns,
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "cached_tokens": usage.get("cached_tokens"),
     }
+
+
+def _since(mark: float | None, start: float | None) -> float | None:
+    return None if mark is None or start is None else mark - start
 
 
 def summary(turns: list[TurnFigures]) -> dict[str, dict[str, Any]]:
@@ -177,8 +187,11 @@ def summary(turns: list[TurnFigures]) -> dict[str, dict[str, Any]]:
 def report(server: str, turns: list[TurnFigures], stats: dict[str, dict[str, Any]]) -> str:
     lines = [f"omnivox bench turn: {server}, {len(turns)} turns, seconds after the end of "
              f"speech (the VAD's speech_stopped)"]
-    for t in turns:
-        lines.append(f"  heard {t.heard!r} -> {t.answer!r}")
+    for n, t in enumerate(turns, 1):
+        prefill, prompt = t.figures.get("thinker_prefill_s"), t.figures.get("prompt_tokens")
+        lines.append(f"  {n:>2}. heard {t.heard!r} -> {t.answer!r}" + (
+            f" (prompt {prompt} tokens, {t.figures['cached_tokens']} cached; first token "
+            f"{prefill * 1e3:.0f} ms after the words)" if prefill is not None and prompt else ""))
     lines.append(f"  {'':44} {'p50':>7} {'p95':>7} {'max':>7}  target")
     for stat in stats.values():
         values = (f"{stat[k]:7.3f}" if stat[k] is not None else "    n/a"
