@@ -224,7 +224,13 @@ async def test_page_talks_with_the_agent_and_barges_in(
           f"{round(next_audio - cut)} ms after it; latencies {[x['ms'] for x in latencies]} ms")
     assert np.median(before) > AUDIBLE
     assert quiet is not None and quiet < next_audio, (quiet, next_audio)
-    assert max(levels_between(rec, quiet, next_audio)) < AUDIBLE  # no more of the cut reply
+    # No more of the cut reply. Should this fail, the message says when the audio came back
+    # (ms after the cut): soon after the quiet, the cut reply's playout resumed; just before
+    # the next reply, that reply's audio arrived ahead of its output_audio_buffer.started.
+    loud = [round(t - cut) for t, level in rec["levels"]
+            if quiet <= t <= next_audio and level >= AUDIBLE]
+    assert not loud, (f"audible after the cut at {loud[:3]}..{loud[-3:]} ms; quiet from "
+                      f"{round(quiet - cut)}, next reply from {round(next_audio - cut)} ms")
     # The speaking indicator was on while the agent spoke and went off at the cut.
     assert any(on and started - 100 <= t <= cut for t, on in rec["speaking"]), rec["speaking"]
     assert any(not on and cut - 100 <= t <= next_audio for t, on in rec["speaking"])
