@@ -3,6 +3,8 @@ fail a turn that still has room to answer."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from pipeline.families.context_window import (
@@ -48,3 +50,24 @@ def test_the_oldest_turns_go_until_the_reply_has_room() -> None:
     assert fit_history([system, *turns[-1:]], measure, 4096, 1024) == [system, turns[-1]]
     assert fit_history([system, *turns], measure, 96, 1024, keep=0) == [system, *turns[-2:]]
     assert fit_history([system, *turns], lambda m: 1, 96, 1024) == [system, *turns]
+
+
+def test_the_trimmed_history_keeps_its_start_while_it_grows() -> None:
+    """Once the history is trimmed, the next turns (each a little longer) drop the very same
+    oldest turns until the excess passes a whole step: the prompt's start stays the same for
+    the prefix cache, and every prompt still leaves the reply its room."""
+    system = {"role": "system", "content": "s"}
+
+    def measure(messages: list[dict[str, str]]) -> int:
+        return 10 + 30 * (len(messages) - 1)  # a 10-token system prompt, 30 tokens a turn
+
+    firsts = []
+    for n in range(40, 100):  # over the window from 51 turns on
+        turns = [{"role": "user", "content": str(i)} for i in range(n)]
+        kept = fit_history([system, *turns], measure, 512, 2048)
+        assert measure(kept) + wanted_room(512, 2048) <= 2048
+        firsts.append(kept[1]["content"])
+    # 30 tokens a turn, trimmed in steps of 256 tokens: over the 49 turns past the window the
+    # start moves once in 8-9 turns, where trimming just enough would move it every turn.
+    moves = sum(a != b for a, b in itertools.pairwise(firsts))
+    assert firsts[0] == "0" and 4 <= moves <= 7, firsts

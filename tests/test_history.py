@@ -41,3 +41,16 @@ def test_conversation_is_bounded_and_keeps_instructions_apart() -> None:
         {"role": "user", "content": "text 4"},
     ]
     assert c.get("item4").text == "text 4" and c.get("item0") is None
+
+
+def test_a_full_conversation_drops_its_oldest_in_steps() -> None:
+    """Past max_items a quarter goes at once: the history's start (the Thinker's cached
+    prompt prefix) stays the same for the next few messages."""
+    c = Conversation("", max_items=8)
+    firsts = []
+    for i in range(20):
+        c.add(f"item{i}", "user", f"text {i}")
+        assert len(c.items) <= 8 and c.items[-1].item_id == f"item{i}"
+        firsts.append(c.items[0].item_id)
+    assert firsts[8:] == ["item2"] * 2 + ["item4"] * 2 + ["item6"] * 2 + ["item8"] * 2 + [
+        "item10"] * 2 + ["item12"] * 2

@@ -18,15 +18,23 @@ class Item:
 
 
 class Conversation:
-    """The last `max_items` messages of a call; the system instructions are kept apart."""
+    """The last `max_items` messages of a call at most; the system instructions are kept apart.
+
+    Past `max_items`, the oldest go a quarter of them at a time, not one by one: the history's
+    start then stays the same for the next few turns, and the Thinker's engine keeps serving
+    the prompt from its prefix cache instead of prefilling the whole history every turn."""
 
     def __init__(self, instructions: str, max_items: int = 32) -> None:
         self.instructions = instructions
-        self._items: deque[Item] = deque(maxlen=max_items)
+        self.max_items = max_items
+        self._items: deque[Item] = deque()
 
     def add(self, item_id: str, role: str, text: str, call_id: str | None = None) -> Item:
         item = Item(item_id, role, text, call_id)
         self._items.append(item)
+        if len(self._items) > self.max_items:
+            for _ in range(max(1, self.max_items // 4)):
+                self._items.popleft()
         return item
 
     def function_call(self, call_id: str) -> Item | None:

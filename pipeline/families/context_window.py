@@ -12,6 +12,8 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 # Fewer tokens than this left after the prompt: the history is too long to answer usefully.
 MIN_REPLY_TOKENS = 16
+# The history is trimmed in steps of the window divided by this (see fit_history).
+TRIM_STEPS = 8
 
 
 def reply_budget(prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:
@@ -37,12 +39,24 @@ def fit_history(messages: list[dict[str, str]], length: Callable[[list[dict[str,
                 max_tokens: int, max_model_len: int, keep: int = 1) -> list[dict[str, str]]:
     """The messages to prompt with: after the system message, the oldest turns go while the
     prompt (`length` of the messages) leaves less than `wanted_room` for the reply; the newest
-    `keep` turns always stay (0 when the caller's audio is the newest turn)."""
+    `keep` turns always stay (0 when the caller's audio is the newest turn).
+
+    The turns go in steps of an eighth of the window (TRIM_STEPS): what is dropped is the
+    excess rounded up to a whole step, so the next turns, each a little longer, drop the very
+    same turns until the excess passes the next step. The prompt's start then stays
+    token-identical from turn to turn and the engine's prefix cache keeps serving it; dropping
+    just enough each turn would change it every turn and prefill the whole history again."""
     head = messages[:1] if messages and messages[0].get("role") == "system" else []
     turns = messages[len(head):]
     room = wanted_room(max_tokens, max_model_len)
+    whole = length(head + turns)
+    excess = whole + room - max_model_len
+    if excess <= 0:
+        return head + turns
+    step = max(1, max_model_len // TRIM_STEPS)
+    limit = whole - -(-excess // step) * step  # the excess rounded up to a whole step
     dropped = 0
-    while len(turns) > keep and length(head + turns) + room > max_model_len:
+    while len(turns) > keep and length(head + turns) > limit:
         turns = turns[1:]
         dropped += 1
     if dropped:
