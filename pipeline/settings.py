@@ -61,7 +61,8 @@ class CascadeSettings(BaseModel):
         "from its cut to its first audio (None: never)")
     first_group: int = Field(
         4, ge=1, description="speech tokens in a reply's first VoiceBox group, and in a "
-        "chunk's first once the caller is about to run dry; each next group is twice as long")
+        "chunk's first once the caller is about to run dry; in the Talkers that hand on token "
+        "groups (tiny, qwen25_omni) each next group of a chunk is twice as long")
     group: int = Field(16, ge=1, description="speech tokens in each later group, at most")
     context_tokens: int = Field(256, ge=0, description="earlier speech tokens given the Talker")
     closing_chunk: bool = Field(

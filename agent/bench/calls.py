@@ -124,8 +124,7 @@ def bench_calls(options: Options) -> dict[str, Any]:
                                   if k not in ("url", "concurrency", "speech", "api_key")},
                               "workers": workers, "sequential": None,
                               "targets": {**TARGETS, "first_audio_p50_ms": [
-                                  dict(zip(("calls", "figure", "turn_detection", "ms"), target,
-                                           strict=True))
+                                  target._asdict()
                                   for target in FIRST_AUDIO_TARGETS.get(options.profile, ())]},
                               "cascade_vs_sequential": None}
     result["calls_per_core"] = None

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.bench.report import write_json
 from agent.config import REPO_ROOT
 
 BASELINE = REPO_ROOT / "docs" / "measurements" / "baseline.json"
@@ -128,13 +129,13 @@ def command(args: argparse.Namespace, settings: Any) -> int:
     result = {"commit": commit(), "recorded": datetime.date.today().isoformat(),
               "machine": machine(), "figures": figures}
     if args.json_path:
-        args.json_path.write_text(json.dumps({**result, "rows": rows}, indent=2) + "\n")
+        write_json(args.json_path, {**result, "rows": rows})
     if args.record:
         if args.only and baseline:  # keep the figures of the benches not run this time
             result["figures"] = {**baseline.get("figures", {}), **figures}
         args.baseline.parent.mkdir(parents=True, exist_ok=True)
-        args.baseline.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"baseline written to {args.baseline} (commit {result['commit']})")
+        write_json(args.baseline, result)
+        print(f"(the baseline, at commit {result['commit']})")
     return 0
 
 
