@@ -192,6 +192,25 @@ async def test_thinker_hears_the_question_and_answers_paris(
     figure("SmolLM2 decode", (tokens - 1) / max(done - first_at, 1e-9), "tok/s")
 
 
+async def test_thinker_scores_the_words_without_holding_the_reply(
+    thinker: LocalThinker, pool: BlockPool, question_audio: np.ndarray
+) -> None:
+    """A job that asks for the end-of-turn score gets its reply's first token as soon as a
+    job that does not: the score is asked for beside the reply, once its first token is out,
+    and the transcript comes out with the score; nothing of the score's request lingers."""
+    job = ThinkerJob("call/t-scored/thinker/0", [SYSTEM], audio=pool.write(question_audio, 1.0),
+                     max_tokens=24, score_end_of_turn=True)
+    outputs = [out async for out in thinker.stream(job)]
+    assert outputs[0].text and outputs[0].transcript is None, "the first token was held"
+    heard = [out for out in outputs if out.transcript is not None]
+    assert len(heard) == 1 and wer(QUESTION, heard[0].transcript or "") <= 0.2, heard
+    score = heard[0].end_of_turn
+    assert score is not None and score >= 0.5, (heard[0].transcript, score)
+    assert "paris" in "".join(out.text for out in outputs).lower()
+    assert outputs[-1].finished and not any(out.finished for out in outputs[:-1])
+    assert thinker.active_request_ids() == []
+
+
 async def test_thinker_asks_again_when_unsure_of_the_words(
     thinker: LocalThinker, pool: BlockPool, question_audio: np.ndarray
 ) -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
@@ -43,6 +44,10 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "kv_cache_memory_bytes": 256 * 2**20,
     "enforce_eager": True,
     "max_num_seqs": 16,
+    # The prefix cache's grain: vLLM's CPU default of 128 tokens left up to 127 tokens of the
+    # history, its last partial block, to prefill again every turn (first token 487 -> 204 ms
+    # after the words were heard); the CPU attention takes multiples of 32.
+    "block_size": 32,
 }
 # Used only when the history has no system message (SmolLM2's template would add its own).
 DEFAULT_SYSTEM_PROMPT = (
@@ -96,6 +101,7 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
         self.recognizer, self.engine = await asyncio.gather(
             self.hearing.run(SpeechRecognizer, asr_dir, recognizer),
             VllmEngine.start(engine))
+        await self.engine.warm_up_logprobs()  # the caller's words are scored at pauses
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.settings.max_model_len
         self.system_prompt = str(ctx.settings.get("system_prompt", DEFAULT_SYSTEM_PROMPT))
@@ -114,41 +120,81 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
                 yield output
             return
         self.preparing.add(rid)
+        heard: ThinkerOutput | None = None  # the transcript, when its score is still to come
+        scored: tuple[list[int], int] | None = None  # the end-of-turn score's prompt
         try:
             messages = list(job.messages)
             if job.audio is not None:
-                heard = await self.hearing.run(self._hear, job.audio, messages)
-                transcript = heard.text
-                end_of_turn = None
+                words = await self.hearing.run(self._hear, job.audio, messages)
+                transcript = words.text
+                heard = ThinkerOutput(rid, transcript=transcript)
                 if job.score_end_of_turn and transcript:
-                    end_of_turn = await self._end_of_turn(rid, messages, transcript)
-                yield ThinkerOutput(rid, transcript=transcript, end_of_turn=end_of_turn)
-                if not transcript or job.transcribe:
-                    reason = "stop" if transcript else "no_speech"
-                    yield ThinkerOutput(rid, finished=True, finish_reason=reason)
-                    return
-                if heard.mean_log_prob < self.ask_again_below:
+                    scored = await self.prompting.run(self._end_of_turn_ids, messages,
+                                                      transcript)
+                answers = transcript and not job.transcribe
+                if not answers or words.mean_log_prob < self.ask_again_below:
+                    yield await self._scored(rid, heard, scored)
+                    if not answers:
+                        reason = "stop" if transcript else "no_speech"
+                        yield ThinkerOutput(rid, finished=True, finish_reason=reason)
+                        return
                     logger.info("%s: unsure of %r (mean log-probability %.2f): asking again",
-                                rid, transcript, heard.mean_log_prob)
+                                rid, transcript, words.mean_log_prob)
                     for output in self._recited(rid, self.ask_again):
                         yield output
                     return
+                if scored is None:  # nothing to wait for: the caller's words go out at once
+                    yield heard
+                    heard = None
                 messages.append({"role": "user", "content": transcript})
             prompt = await self.prompting.run(self.prompt_ids, messages, job.max_tokens)
             if rid in self.aborted:
+                if heard is not None:  # the caller's words are kept, unscored
+                    yield heard
                 yield ThinkerOutput(rid, finished=True, finish_reason="abort")
                 return
         finally:
             self.preparing.discard(rid)
             self.aborted.discard(rid)
-        budget = reply_budget(len(prompt), job.max_tokens, self.max_model_len)
-        deltas = self.engine.generate(rid, prompt, self._sampling(job, budget))
-        async with aclosing(deltas):
+        sampling = self._sampling(job, reply_budget(len(prompt), job.max_tokens,
+                                                    self.max_model_len))
+        scoring: asyncio.Future[ThinkerOutput] | None = None
+        try:
+            async with aclosing(self._reply(rid, prompt, sampling)) as replying:
+                async for output in replying:
+                    if heard is not None:
+                        # The score is asked for once the reply's first token is out, so that
+                        # it never delays it; the transcript goes out as soon as it is scored.
+                        scoring = scoring or asyncio.ensure_future(
+                            self._scored(rid, heard, scored))
+                        if scoring.done() or output.finished:
+                            yield await scoring
+                            heard = None
+                    yield output
+        finally:
+            if scoring is not None:
+                scoring.cancel()  # the stream closed before the score was in
+
+    async def _reply(self, rid: str, prompt: list[int], sampling: Sampling
+                     ) -> AsyncGenerator[ThinkerOutput, None]:
+        """The reply written on `prompt`, as the engine streams it."""
+        async with aclosing(self.engine.generate(rid, prompt, sampling)) as deltas:
             async for delta in deltas:
                 yield ThinkerOutput(rid, text=delta.text, token_ids=delta.token_ids,
                                     finished=delta.finished, finish_reason=delta.finish_reason,
-                                    prompt_tokens=len(prompt),
-                                    cached_tokens=delta.cached_tokens)
+                                    prompt_tokens=len(prompt), cached_tokens=delta.cached_tokens)
+
+    async def _scored(self, rid: str, heard: ThinkerOutput,
+                      scored: tuple[list[int], int] | None) -> ThinkerOutput:
+        """The transcript output with the end-of-turn score of the `scored` prompt, if any:
+        the probability the chat model gives the end of the caller's sentence or message after
+        their words (pipeline/families/end_of_turn.py), a reply's prompt before them."""
+        if scored is None:
+            return heard
+        prompt, closing = scored
+        logprobs = await self.engine.next_token_logprobs(f"{rid}-eot", prompt)
+        return msgspec.structs.replace(
+            heard, end_of_turn=probability(self.tokenizer, logprobs, closing))
 
     def _recited(self, rid: str, text: str) -> list[ThinkerOutput]:
         """`text` as a whole reply, in the pieces a generated one would come in."""
@@ -164,16 +210,6 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
         with self.ctx.read_tensors([audio]) as samples:
             assert isinstance(samples, np.ndarray)  # blocks alone are read as a numpy view
             return self.recognizer.hear(samples, context)
-
-    async def _end_of_turn(self, rid: str, messages: list[dict[str, str]], words: str) -> float:
-        """The probability the chat model gives the end of the caller's sentence or message
-        after `words` (pipeline/families/end_of_turn.py), with a reply's prompt before them."""
-        scored = await self.prompting.run(self._end_of_turn_ids, messages, words)
-        if scored is None:
-            return 0.0
-        prompt, closing = scored
-        logprobs = await self.engine.next_token_logprobs(f"{rid}-eot", prompt)
-        return probability(self.tokenizer, logprobs, closing)
 
     def _end_of_turn_ids(self, messages: list[dict[str, str]],
                          words: str) -> tuple[list[int], int] | None:

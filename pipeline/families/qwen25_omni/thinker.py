@@ -114,6 +114,8 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         self.encodings = BatchedWork(self.torch, self.prompts.tower.encode_many, AUDIO_BATCH)
         self.max_model_len = self.engine.settings.max_model_len
         self.words = await CallerWords.start(ctx.settings)
+        if self.words is not None:  # its words are scored at the caller's pauses
+            await self.engine.warm_up_logprobs()
         # Random weights never choose EOS on purpose: `ignore_eos` keeps a test's length exact.
         # A random-weight release whose tokenizer is smaller than its vocabulary (the real
         # widths with the tiny tokenizer) writes ids nobody can read: `tokenizer_ids_only`
