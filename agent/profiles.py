@@ -55,6 +55,8 @@ def pipeline_settings(
         raise ProfileError(f"profile {settings.profile!r} builds its own weights; "
                            f"--model-path is for the profiles that serve real ones ({real})")
     fields["models_dir"] = version_root(models_dir, settings.model_version)
+    # The prompt most calls start with is in the Thinker's prefix cache before the first one.
+    fields.setdefault("warm_up", settings.conversation.instructions)
     return PipelineSettings.model_validate({**fields, **(overrides or {})})
 
 

@@ -22,6 +22,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from pipeline.client import StageClient
 from pipeline.errors import PipelineBusyError, PipelineNotRunningError, StageFailedError
 from pipeline.events import Event, Turn, TurnDone, TurnFailed
@@ -38,6 +40,8 @@ from pipeline.worker import WorkerSpec
 logger = logging.getLogger(__name__)
 
 API_OWNER = 1  # the pool owner tag of the API process; workers get 2, 3, 4
+WARM_UP = "warm-up"  # the warm-up turns' call id, and their entry among the stages' states
+WARM_UP_TOKENS = 8  # of each warm-up turn's reply: enough for a first chunk of speech
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Pipeline:
         self._clients: dict[str, StageClient] = {}
         self._runs: dict[str, TurnRun] = {}
         self._starting = False
+        self._warming = False  # the warm-up turns run: not ready yet (health())
         self._attached = False  # a view of a pipeline another process runs (attach())
         self._failure_listeners: list[Callable[[str, str], None]] = []
 
@@ -129,6 +134,28 @@ class Pipeline:
         await asyncio.gather(*(self._clients[st].wait_connected() for st in ready))
         if not health.ready:
             logger.error("pipeline started with stages not ready: %s", health.stages)
+        elif s.warm_up is not None:
+            await self._warm_up(s.warm_up)
+
+    async def _warm_up(self, system_prompt: str) -> None:
+        """Hear a second of silence and answer a greeting under `system_prompt`, so that the
+        engines hold that prompt's prefix and every part has run once; until then the pipeline
+        is not ready. A turn that fails is logged: the callers' turns will say more."""
+        began = asyncio.get_running_loop().time()
+        messages = [{"role": "system", "content": system_prompt},
+                    {"role": "user", "content": "Hello."}]
+        self._warming = True
+        try:
+            for turn in (Turn("warm-up-hearing", messages[:1], audio=np.zeros(16_000, np.int16),
+                              max_tokens=WARM_UP_TOKENS, call_id=WARM_UP, transcribe=True),
+                         Turn("warm-up-reply", messages, max_tokens=WARM_UP_TOKENS,
+                              call_id=WARM_UP)):
+                async for event in self.respond(turn):
+                    if isinstance(event, TurnFailed):
+                        logger.warning("warm-up turn %s failed: %s", turn.turn_id, event.error)
+        finally:
+            self._warming = False
+        logger.info("pipeline warmed up in %.1f s", asyncio.get_running_loop().time() - began)
 
     def _connect_clients(self, specs: list[WorkerSpec]) -> None:
         s = self.settings
@@ -180,7 +207,11 @@ class Pipeline:
             state = StageState.STARTING if self._starting else StageState.STOPPED
             return PipelineHealth(False, {st: StageStatus(st, state) for st in STAGE_ORDER})
         stages = self._supervisor.status()
-        return PipelineHealth(all(st.state == StageState.READY for st in stages.values()), stages)
+        if self._warming:  # /readyz says why it is not ready yet
+            stages = {**stages, WARM_UP: StageStatus(WARM_UP, StageState.STARTING,
+                                                     "the warm-up turns run")}
+        return PipelineHealth(all(st.state == StageState.READY for st in stages.values()),
+                              stages)
 
     async def respond(self, turn: Turn, *, overlap: bool | None = None) -> AsyncIterator[Event]:
         """Run one turn; its events, ending with TurnDone or TurnFailed (or nothing more once
@@ -237,7 +268,7 @@ class Pipeline:
         if turn.turn_id in self._runs:
             raise ValueError(f"turn {turn.turn_id} is already in flight")
         for status in self.health().stages.values():
-            if status.state != StageState.READY:
+            if status.state != StageState.READY and status.stage != WARM_UP:
                 reason = f"{status.state}: {status.reason}" if status.reason else status.state
                 return TurnFailed(turn.turn_id, StageFailedError(status.stage, reason))
         if len(self._runs) >= self.settings.max_turns:

@@ -98,6 +98,10 @@ class PipelineSettings(BaseModel):
     nice: dict[str, int] = Field(
         default_factory=lambda: {"thinker": 15, "talker": 10, "voicebox": 5})
     build_models: bool = Field(True, description="build the family's models when missing")
+    warm_up: str | None = Field(
+        None, description="the system prompt of two short turns (one heard, one answered) the "
+        "pipeline runs once its stages are ready, before it says so, so that the first caller "
+        "does not pay one-time costs: that prompt's prefill, each part's first run; None: none")
     cuda_ipc: bool = Field(
         True, description="a CUDA tensor one stage sends another (the Thinker's embeddings) "
         "travels as a CUDA IPC handle: chosen per tensor, only when it is on a GPU, so on a CPU "

@@ -19,6 +19,7 @@ import pytest
 from pipeline.errors import StageFailedError
 from pipeline.events import AudioChunk, TextDelta, Turn, TurnDone, TurnFailed
 from pipeline.orchestrator import Pipeline
+from pipeline.settings import STAGE_ORDER
 from pipeline.supervisor import StageState
 from tests.cpu_wait import CpuWait
 
@@ -41,6 +42,7 @@ def tiny_settings(models_dir: Path) -> dict:
         },
         "pool": {"block_count": 128, "block_size": 1 << 20},
         "restart": {"backoff_s": 0.2, "start_timeout_s": 240.0},  # heartbeats as served
+        "warm_up": MESSAGES[0]["content"],
     }
 
 
@@ -52,7 +54,6 @@ async def tiny(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pipeli
         print(f"\n[pipeline-tiny] build + start: {time.perf_counter() - began:.1f} s")
         assert pipe.health().ready, pipe.health()
         assert (models / "tiny" / "manifest.json").is_file()  # built by start()
-        await collect(pipe, Turn("warm-up", MESSAGES, max_tokens=8))
         yield pipe
 
 
@@ -72,6 +73,16 @@ async def first_audio(events: AsyncIterator) -> None:
         if isinstance(event, AudioChunk):
             return
     raise AssertionError("the turn ended before any audio")
+
+
+async def test_the_warm_up_ran_through_every_stage_before_ready(tiny: Pipeline) -> None:
+    """The pipeline said it was ready only after its warm-up turns (its `warm_up` setting):
+    before this module's first turn, every stage has served a job. (On the local profile that
+    leaves the system prompt in the Thinker's prefix cache; the tiny Thinker's prompts are
+    embeddings, which vLLM does not cache.)"""
+    await until_true(lambda: all(status.served > 0 for status in tiny.health().stages.values()),
+                     HANG_GUARD_S, "the heartbeats that count the warm-up's jobs")
+    assert tiny.health().ready and set(tiny.health().stages) == set(STAGE_ORDER)
 
 
 async def test_long_reply_overlaps_the_stages(tiny: Pipeline) -> None:
