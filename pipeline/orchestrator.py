@@ -147,7 +147,7 @@ class Pipeline:
         self._warming = True
         try:
             for turn in (Turn("warm-up-hearing", messages[:1], audio=np.zeros(16_000, np.int16),
-                              max_tokens=WARM_UP_TOKENS, call_id=WARM_UP, transcribe=True),
+                              max_tokens=WARM_UP_TOKENS, call_id=WARM_UP),
                          Turn("warm-up-reply", messages, max_tokens=WARM_UP_TOKENS,
                               call_id=WARM_UP)):
                 async for event in self.respond(turn):
