@@ -200,18 +200,23 @@ class Pipeline:
         return self._dir
 
     def health(self) -> PipelineHealth:
-        """Each stage's state (starting, ready, restarting, failed) and reason."""
+        """Each stage's state (starting, ready, restarting, failed) and reason; while the
+        warm-up turns run, a `warm-up` entry says so (/readyz names it)."""
+        health = self._stage_health()
+        if not self._warming:
+            return health
+        warming = StageStatus(WARM_UP, StageState.STARTING, "the warm-up turns run")
+        return PipelineHealth(False, {**health.stages, WARM_UP: warming})
+
+    def _stage_health(self) -> PipelineHealth:
+        """The stages' own states: what a turn needs to run."""
         if self._attached:  # what this process sees: the connection to each stage worker
             return _connections(self._clients)
         if self._supervisor is None:  # not started, or still building models / the pool
             state = StageState.STARTING if self._starting else StageState.STOPPED
             return PipelineHealth(False, {st: StageStatus(st, state) for st in STAGE_ORDER})
         stages = self._supervisor.status()
-        if self._warming:  # /readyz says why it is not ready yet
-            stages = {**stages, WARM_UP: StageStatus(WARM_UP, StageState.STARTING,
-                                                     "the warm-up turns run")}
-        return PipelineHealth(all(st.state == StageState.READY for st in stages.values()),
-                              stages)
+        return PipelineHealth(all(st.state == StageState.READY for st in stages.values()), stages)
 
     async def respond(self, turn: Turn, *, overlap: bool | None = None) -> AsyncIterator[Event]:
         """Run one turn; its events, ending with TurnDone or TurnFailed (or nothing more once
@@ -256,7 +261,7 @@ class Pipeline:
 
     async def active_requests(self) -> dict[str, InspectReply]:
         """Per ready stage: the request ids its engine and its worker still hold."""
-        ready = [st for st, status in self.health().stages.items()
+        ready = [st for st, status in self._stage_health().stages.items()
                  if status.state == StageState.READY]
         replies = await asyncio.gather(*(self._clients[st].inspect() for st in ready))
         return dict(zip(ready, replies, strict=True))
@@ -267,8 +272,8 @@ class Pipeline:
             raise PipelineNotRunningError("the pipeline is not running (start() it first)")
         if turn.turn_id in self._runs:
             raise ValueError(f"turn {turn.turn_id} is already in flight")
-        for status in self.health().stages.values():
-            if status.state != StageState.READY and status.stage != WARM_UP:
+        for status in self._stage_health().stages.values():  # the warm-up's turns run too
+            if status.state != StageState.READY:
                 reason = f"{status.state}: {status.reason}" if status.reason else status.state
                 return TurnFailed(turn.turn_id, StageFailedError(status.stage, reason))
         if len(self._runs) >= self.settings.max_turns:
