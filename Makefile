@@ -70,10 +70,11 @@ test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The long runs: the load test at 16 calls for ten minutes (make test runs two; at 32 the engines
-# starve on 2 cores, README Load test), the kiosk page through ten minutes of questions with a
-# server restart halfway, the orpheus profile with a chat-model Thinker (two engine starts: too
-# long for make test), 8 SIP phones calling through `omnivox sip` at once, and calls on the
-# real models' widths (omni and orpheus, one layer a stack: 3.9 GB written, minutes each).
+# starve on 2 cores: docs/measurements/2026-12-03-load-test.md), the kiosk page through ten
+# minutes of questions with a server restart halfway, the orpheus profile with a chat-model
+# Thinker (two engine starts: too long for make test), 8 SIP phones calling through `omnivox sip`
+# at once, and calls on the real models' widths (omni and orpheus, one layer a stack: 3.9 GB
+# written, minutes each).
 soak: setup
 	OMNIVOX_LOAD_CALLS=16 OMNIVOX_LOAD_DURATION_S=600 $(BIN)/python -m pytest -s tests/test_load.py
 	OMNIVOX_KIOSK_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_kiosk.py

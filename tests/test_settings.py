@@ -1,5 +1,5 @@
-"""Settings, declared once: the environment, the command line, the README's tables and the one-line
-errors all follow the declarations in agent/config.py."""
+"""Settings, declared once: the environment, the command line, the documented tables and the
+one-line errors all follow the declarations in agent/config.py."""
 
 from __future__ import annotations
 
@@ -45,10 +45,11 @@ def test_a_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert settings_of(parse_args(["models", "build", "tiny"])).models_dir == Path("/tmp/elsewhere")
 
 
-def test_the_readme_limits_table_matches_the_declarations() -> None:
-    """Each row of README's Limits table names a setting, its default and its variable."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    table = readme[readme.index("## Limits"):readme.index("## Faults")]
+def test_the_limits_table_matches_the_declarations() -> None:
+    """Each row of the Limits table (docs/operations.md) names a setting, its default and its
+    variable."""
+    operations = (REPO_ROOT / "docs" / "operations.md").read_text()
+    table = operations[operations.index("## Limits"):operations.index("## Faults")]
     rows = re.findall(r"^\| (`[^|]+) \| ([^|]+) \| (`[^|]+) \|", table, re.M)
     assert len(rows) >= 8, "the Limits table went missing"
     for names, shown_defaults, variables in rows:
@@ -56,12 +57,12 @@ def test_the_readme_limits_table_matches_the_declarations() -> None:
                                          shown_defaults.split(","),
                                          re.findall(r"`(\w+)`", variables), strict=True):
             path = name.split(".")
-            assert variable == env_name(*path), f"README names {variable} for {name}"
+            assert variable == env_name(*path), f"the docs name {variable} for {name}"
             # The declared default (not the environment's: tests set some variables).
             value = Settings.model_fields[path[0]].get_default(call_default_factory=True)
             for part in path[1:]:
                 value = getattr(value, part)
-            assert float(shown) == float(value), f"README says {name} defaults to {shown}"
+            assert float(shown) == float(value), f"the docs say {name} defaults to {shown}"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ const CAPTION_LINES = 6;
 const TICK_MS = 100;
 const MAX_DIAGNOSTIC_EVENTS = 300;
 const RESET = "reset"; // the reason a call is hung up after the silence
-// getUserMedia's refusals: said on the screen (README, Kiosk: the browser's flags), retried.
+// getUserMedia's refusals: said on the screen (docs/kiosk.md: the browser's flags), retried.
 const MICROPHONE_ERRORS = ["NotAllowedError", "NotFoundError", "NotReadableError"];
 const PHASES = {
   connecting: "Connecting…",
@@ -258,7 +258,7 @@ setInterval(() => {
   render();
 }, TICK_MS);
 
-// Only without the kiosk's autoplay flag (README, Kiosk): one touch lets the sound play.
+// Only without the kiosk's autoplay flag (docs/kiosk.md): one touch lets the sound play.
 document.addEventListener("click", () => {
   audio.resume().catch(() => {});
   view.remoteAudio.play().then(hideHint, () => {});
