@@ -55,7 +55,7 @@ class VadConfig:
         default=500, ge=0, le=10_000,
         description="silence that ends an utterance (0: the first unvoiced frame)")
     # A reply starts at a 200 ms pause and is sent only once the silence confirms the turn:
-    # up to 300 ms sooner (README, "Preemptive replies").
+    # up to 300 ms sooner (docs/realtime.md, "Preemptive replies").
     pause_ms: int = Field(
         default=200, ge=0, le=10_000,
         description="silence that marks a pause inside an utterance, where a reply may start "

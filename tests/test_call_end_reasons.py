@@ -1,4 +1,5 @@
-"""Every call end reason the README names, on real calls (media-only servers, real aiortc peers):
+"""Every call end reason docs/operations.md names, on real calls (media-only servers, real
+aiortc peers):
 each is written to the call's record (`GET /v1/calls/{id}`) and, for the calls lost for want of
 a working connection, counted in `omnivox_calls_dropped_total{reason}`; the others are not.
 

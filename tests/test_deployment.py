@@ -1,7 +1,7 @@
 """The deployment files, checked offline: the Kubernetes manifests against the pinned
 Kubernetes version's schemas (strict) and against each other, the compose file's essentials,
 and the per-pod routing of a call's later requests through a real server. The images are not
-built here (no docker on the test machines; README, Deployment, has the commands)."""
+built here (no docker on the test machines; docs/operations.md, Deployment, has the commands)."""
 
 from __future__ import annotations
 

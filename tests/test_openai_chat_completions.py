@@ -26,7 +26,7 @@ PERSON = {
     "type": "object",
     "properties": {
         # A pattern bounds a string on random weights (xgrammar's maxLength rule would let raw
-        # control characters through: invalid JSON; see the README)
+        # control characters through: invalid JSON; see docs/serving.md)
         "name": {"type": "string", "pattern": "^[a-z]{1,12}$"},
         "floor": {"type": "integer", "minimum": -2, "maximum": 99},
         "mood": {"enum": ["calm", "busy", "away"]},

@@ -2,7 +2,7 @@
 aiortc caller uses: a tone comes back as that tone, packets are stamped 960 apart on the RTP
 clock, digital silence stays small enough for the light callers to tell from sound. The
 caller's mono decoder against both encoders. What they save is measured by `omnivox bench
-calls` (README, What a call costs), not here."""
+calls` (docs/measurements/2026-12-02-light-callers.md), not here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The README's queue bounds, on real calls (real aiortc callers, real servers):
+"""The queue bounds of docs/operations.md, on real calls (real aiortc callers, real servers):
 
 - server events waiting for the data channel to open: 256, the oldest dropped;
 - utterances not yet answered (create_response false): 4, the oldest dropped;

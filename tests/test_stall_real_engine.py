@@ -1,4 +1,5 @@
-"""The stall timeout on a real engine (README, Faults): the tiny Talker's vLLM engine core is
+"""The stall timeout on a real engine (docs/operations.md, Faults): the tiny Talker's vLLM
+engine core is
 stopped (SIGSTOP) mid-reply, in a worker that still heartbeats. With a 5 s `stall_timeout_s` the
 turn fails with StageStalledError: the caller gets an `error` event naming the stage and
 `response.done` failed, the call stays up. No other Talker request got outputs meanwhile, so

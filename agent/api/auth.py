@@ -348,6 +348,6 @@ def install(app: FastAPI, settings: Settings) -> None:
     elif not is_loopback(settings.host):
         log.warning(
             "no API keys configured and the server listens on %s: anyone who can reach it "
-            "can place calls. Set OMNIVOX_API_KEYS (see README, Authentication).",
+            "can place calls. Set OMNIVOX_API_KEYS (see docs/operations.md, Authentication).",
             settings.host,
         )

@@ -78,7 +78,7 @@ def refuse(request: Request, status: int, code: str, message: str, **headers: st
 
 def call_location(prefix: str, call_id: str) -> str:
     """The call's path for its later requests; `prefix` routes them to this server when
-    several sit behind one address (README, Deployment)."""
+    several sit behind one address (docs/operations.md, Deployment)."""
     return f"{prefix}/v1/realtime/calls/{call_id}"
 
 

@@ -10,7 +10,7 @@ eagerness's silence, for the caller to go on. A family that cannot score (no tra
 the silence alone to end turns.
 
 The thresholds and silences are those `omnivox bench turn-ends` chose on the spoken corpus
-(README "Semantic end of turn").
+(docs/realtime.md, "Semantic end of turn").
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ for about 8% more CPU time, but in the short window it said a question twice whe
 silence followed it ("What is the capital of France? What is the capital of France?",
 tests/test_local_family.py), which neither repeat check catches: greedy stays the default until
 one does. A shorter window, temperature fallback, an initial prompt and added leading silence
-did not help (README, "Recognition quality").
+did not help (docs/measurements/2026-12-01-asr.md).
 
 Whisper is trained on 30 s windows and faster-whisper pads every utterance to one, although
 the encoder's time grows with the window: a two-second question cost as much as thirty seconds
@@ -65,7 +65,7 @@ class Heard:
 
     text: str
     # The mean token log-probability of the text kept (faster-whisper's avg_logprob): a
-    # misheard utterance scores low (README, "Asking again").
+    # misheard utterance scores low (docs/measurements/2026-12-02-asking-again.md).
     mean_log_prob: float
 
 

@@ -55,8 +55,8 @@ DEFAULT_SYSTEM_PROMPT = (
     "short, plain sentences. Never use markdown, lists or emoji. Write numbers as words.")
 # Worked exchanges put after the system message, before the conversation: a 135M model copies
 # their short, direct form far better than it follows a prompt (`omnivox bench answers`, typed:
-# 54% right without them, 74% with these; README "Answer quality"). None of them is a question
-# of that set.
+# 54% right without them, 74% with these; docs/measurements/2026-12-01-answers.md). None of
+# them is a question of that set.
 DEFAULT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("Hi there!", "Hello! How can I help you?"),
     ("How is it going?", "I am doing well, thank you!"),
@@ -71,8 +71,9 @@ DEFAULT_EXAMPLES: tuple[tuple[str, str], ...] = (
 )
 
 # Said instead of an answer when the recognizer is unsure of the caller's words: its mean token
-# log-probability below ASK_AGAIN_BELOW (`omnivox bench asr`'s asking-again table; README
-# "Asking again"). A misheard question answered is worse than a question asked twice.
+# log-probability below ASK_AGAIN_BELOW (`omnivox bench asr`'s asking-again table;
+# docs/measurements/2026-12-02-asking-again.md). A misheard question answered is worse than a
+# question asked twice.
 ASK_AGAIN = "Sorry, I did not catch that. Could you say it again?"
 ASK_AGAIN_BELOW = -0.65
 

@@ -3,8 +3,8 @@
 transformers' `Qwen2_5OmniConfig()` defaults give the 7B release's thinker (text model, audio
 and vision towers) and token2wav, but not its talker: the default talker copies the thinker's
 widths (3584 wide, 28 layers, about 6.6B), where the release's is 896 wide with 24 layers of 12
-heads of 128 (`REAL_TALKER`, from Qwen/Qwen2.5-Omni-7B's config.json; README's "12 heads of
-128 in 896 widths"). The release also unties the thinker's lm_head. The default vision
+heads of 128 (`REAL_TALKER`, from Qwen/Qwen2.5-Omni-7B's config.json; docs/profiles.md's "12 heads
+of 128 in 896 widths"). The release also unties the thinker's lm_head. The default vision
 tower (3.1B) is not the release's either (0.67B); no stage loads it, so it stays as it is.
 The tokenizer is the tiny one (the real one cannot be downloaded here): its special ids lie
 inside the real vocabulary, which keeps its 152064 rows. The release's safetensors shards are
