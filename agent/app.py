@@ -43,12 +43,15 @@ from agent.ops.metrics import Metrics
 from agent.ops.metrics import router as metrics_router
 from agent.ops.readiness import Readiness
 from agent.ops.records import CallRecords
+from agent.profiles import with_profile_aliases
 from agent.realtime.session import Session
 from agent.serving.attached import detach_all
 from agent.serving.binding import call_pipeline
 from agent.serving.registry import ModelRegistry
 from agent.serving.rollout import Rollouts
 from agent.serving.rollout_metrics import RolloutCollector
+from media.rnnoise_internals import RnnoiseInternalsError
+from media.rnnoise_internals import library as rnnoise_library
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ def create_app(
     app does not own it (`owns_pipeline` false: a pipeline another app started, shared by
     tests that differ only in API settings). Calls are handled by a conversation `Session` on
     that pipeline unless `handler_factory` says otherwise (tests)."""
+    settings = with_profile_aliases(settings)
     models = ModelRegistry(settings.profile)
     first = served_version(settings, pipeline, owns_pipeline)
     if first is not None:
@@ -79,6 +83,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Records first: a data directory that cannot be written stops the start, saying why.
         await asyncio.to_thread(app.state.records.open)
+        await load_noise_suppressor()
         # A rollout the last process left half-done: rolled back (this one serves the old);
         # the versions it left serving beside the default serve again.
         await asyncio.to_thread(app.state.rollouts.recover)
@@ -204,10 +209,21 @@ def _pools(models: ModelRegistry) -> list[Any]:
             if getattr(v.pipeline, "pool", None) is not None]
 
 
+async def load_noise_suppressor() -> None:
+    """Import RNNoise off the event loop at start (a quarter of a second), so the first call to
+    turn noise reduction on stalls no call's pacing; a broken install is logged here, and such
+    a session.update refused with its reason."""
+    try:
+        await asyncio.to_thread(rnnoise_library)
+    except RnnoiseInternalsError as exc:
+        log.warning("noise reduction is unavailable: %s", exc)
+
+
 def create_worker_app(settings: Settings, pool_owner: int) -> FastAPI:
     """A call worker's app (agent/calls/workers.py): WebRTC calls and their sidebands, on
     views of the front's pipelines (the front says which: /v1/worker/versions), their pool
     blocks tagged `pool_owner`. No rollouts, no page, no keys: only the front reaches it."""
+    settings = with_profile_aliases(settings)
     models = ModelRegistry(settings.profile)
 
     def handler_factory(call: Call, model_id: str | None = None) -> Session:
@@ -216,6 +232,7 @@ def create_worker_app(settings: Settings, pool_owner: int) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(app.state.records.open)
+        await load_noise_suppressor()
         gc.collect()
         gc.freeze()  # as in create_app: no full collections over what lives as long as this
         loop_lag = asyncio.create_task(app.state.metrics.loop_lag_monitor.run())

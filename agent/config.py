@@ -39,6 +39,44 @@ class ConversationSettings(BaseModel):
                           "the caller's words end the turn (agent/realtime/semantic_turns.py); "
                           "None: server_vad, the silence alone")
     text_only: bool = Field(False, description="replies in text alone (output_modalities text)")
+    # Per call, never a server setting: a WebSocket call's audio in its events, in the format its
+    # session chose (session.audio.*.format; the call starts them at audio/pcm). None on a call
+    # whose audio is media (WebRTC: Opus on the track), where no format applies.
+    input_format: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] | None = Field(
+        None, description="a WebSocket call's audio appended (session.audio.input.format)")
+    output_format: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] | None = Field(
+        None, description="a WebSocket call's audio deltas (session.audio.output.format)")
+    transcription_only: bool = Field(
+        False, description="a transcription session (session.type transcription): the caller's "
+                           "speech is written down, never answered")
+    idle_timeout_ms: int | None = Field(
+        None, ge=1000, description="server_vad: answer anyway after this much silence from the "
+                                   "caller once the agent's last reply played out")
+    # Per call, as its session asks (session.audio.input.noise_reduction); off unless asked.
+    noise_reduction: Literal["near_field", "far_field"] | None = Field(
+        None, description="the caller's audio denoised (RNNoise, media/noise_reduction.py) "
+                          "before the VAD and the model hear it; both types run the same")
+
+
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin",
+                 "cedar")
+
+
+class AliasSettings(BaseModel):
+    """OpenAI's names, as agent frameworks send them by default, onto what this server serves
+    (agent/realtime/aliases.py). A profile may lay its own over these (profiles.toml,
+    `[NAME.aliases]`); an empty table refuses those names as any unknown name is refused."""
+
+    models: list[str] = Field(
+        default_factory=lambda: ["gpt-realtime*", "gpt-4o-realtime*", "gpt-4o-mini-realtime*"],
+        description="Realtime model names (shell patterns) that mean the call's own model")
+    voices: dict[str, str] = Field(
+        default_factory=lambda: dict.fromkeys(OPENAI_VOICES, ""),
+        description="voice name -> the family's voice ('': the server's voice)")
+    transcription_models: list[str] = Field(
+        default_factory=lambda: ["whisper-1", "gpt-*transcribe*", "gpt-realtime-whisper*"],
+        description="transcription model names (shell patterns) that mean the model's own "
+                    "recogniser")
 
 
 def default_call_workers(cores: int | None = None) -> int:
@@ -156,6 +194,7 @@ class Settings(BaseSettings):
     )
     vad: VadConfig = Field(default_factory=VadConfig)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
+    aliases: AliasSettings = Field(default_factory=AliasSettings)
     # Authentication (agent/api/auth.py). No API keys: local mode, every endpoint open. SecretStr
     # keeps the keys out of reprs and logs.
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
@@ -168,10 +207,10 @@ class Settings(BaseSettings):
     cors_origins: CommaList = Field(
         default_factory=list, description="origins allowed cross-origin, comma-separated"
     )
-    # Deployment past one host (README, Deployment): a call lives in one server process, so its
-    # later requests must reach that process. Behind a router with one path per server
-    # (/pods/<name>/...), the Location of a call names that path; requests arrive with or
-    # without it (the router strips it).
+    # Deployment past one host (docs/operations.md, Deployment): a call lives in one server
+    # process, so its later requests must reach that process. Behind a router with one path per
+    # server (/pods/<name>/...), the Location of a call names that path; requests arrive with
+    # or without it (the router strips it).
     location_prefix: str = Field(
         "", pattern=r"^(/[A-Za-z0-9._~-]+)*$",
         description="path before a call's path in its Location, e.g. /pods/omnivox-0",

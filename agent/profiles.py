@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from agent.config import Settings
+from agent.config import AliasSettings, Settings
 from pipeline.model_versions import version_root
 from pipeline.orchestrator import Pipeline
 from pipeline.settings import PipelineSettings
@@ -40,7 +40,7 @@ def pipeline_settings(
         known = ", ".join(sorted(profiles))
         raise ProfileError(f"unknown profile {settings.profile!r} (known: {known})")
     fields = {k: v for k, v in profile.items()
-              if k not in ("description", "real_weights", "gpu")}
+              if k not in ("description", "real_weights", "gpu", "aliases")}
     if "gpu" in profile and on_gpu(settings):
         fields = overlaid(fields, profile["gpu"])
     models_dir = Path(settings.models_dir)
@@ -58,6 +58,26 @@ def pipeline_settings(
     # The prompt most calls start with is in the Thinker's prefix cache before the first one.
     fields.setdefault("warm_up", settings.conversation.instructions)
     return PipelineSettings.model_validate({**fields, **(overrides or {})})
+
+
+def with_profile_aliases(settings: Settings) -> Settings:
+    """`settings` with its profile's alias table (`[NAME.aliases]`) laid over its own."""
+    table = load_profiles().get(settings.profile, {}).get("aliases", {})
+    aliases = profile_aliases(settings.aliases, table)
+    return settings if aliases is settings.aliases else settings.model_copy(
+        update={"aliases": aliases})
+
+
+def profile_aliases(base: AliasSettings, profile: dict[str, Any]) -> AliasSettings:
+    """`base` with a profile's `aliases` table laid over it, table by table, except where
+    `base` was set explicitly (the environment or the command line win over a profile)."""
+    over = {key: value for key, value in profile.items() if key not in base.model_fields_set}
+    if not over:
+        return base
+    merged = base.model_dump()
+    for key, value in over.items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) else value
+    return AliasSettings.model_validate(merged)
 
 
 def needs_gpu(name: str) -> bool:

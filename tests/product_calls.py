@@ -82,10 +82,16 @@ def long_replies(caller: RtcCaller) -> None:
     update_session(caller, max_output_tokens="inf")
 
 
-def say(caller: RtcCaller, text: str) -> None:
-    """The caller types a user message (which starts a reply when create_response is on)."""
+def type_text(caller: RtcCaller, text: str) -> None:
+    """The caller adds a typed user message to the conversation (it starts no reply)."""
     caller.send({"type": "conversation.item.create", "item": {
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+
+
+def say(caller: RtcCaller, text: str) -> None:
+    """The caller types a user message and asks for the reply, as OpenAI's clients do."""
+    type_text(caller, text)
+    caller.send({"type": "response.create"})
 
 
 def types(caller: RtcCaller) -> list[str]:

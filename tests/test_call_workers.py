@@ -162,6 +162,7 @@ async def test_calls_on_two_workers_and_a_worker_death(
             await sideband.send(json.dumps({"type": "conversation.item.create", "item": {
                 "type": "message", "role": "user",
                 "content": [{"type": "input_text", "text": "And now?"}]}}))
+            await sideband.send(json.dumps({"type": "response.create"}))
             await second.wait_for("response.done", timeout=120, count=2)
 
         # SIGKILL the second call's worker: only that call ends, and says why.

@@ -22,6 +22,7 @@ from tests.product_calls import (
     LOUD,
     assert_valid_events,
     held_request_ids,
+    long_replies,
     record_turns,
     say,
     session_of,
@@ -163,7 +164,7 @@ async def test_create_response_false_commits_and_waits_for_response_create(
     await caller.wait_for("session.updated")
     caller.audio.replace(question)
     committed = await caller.wait_for("input_audio_buffer.committed", timeout=20)
-    created = await caller.wait_for("conversation.item.created")
+    created = await caller.wait_for("conversation.item.added")
     assert created["item"]["id"] == committed["item_id"]
     assert created["item"]["role"] == "user"
     await asyncio.sleep(1.5)
@@ -369,4 +370,28 @@ async def test_each_turn_hands_the_thinker_the_conversation_so_far(
         [system, user[0], {"role": "assistant", "content": answer}, user[1],
          {"role": "assistant", "content": heard}, user[2]],
     ]
+    assert_valid_events(caller)
+
+
+async def test_a_reply_just_cut_off_is_truncated_while_its_requests_abort(
+    tiny_server: Served, caller: RtcCaller
+) -> None:
+    """Agent frameworks truncate the reply at speech_started, when the server may have cut it
+    off already (barge-in) and be aborting its requests: the truncate still finds its item."""
+    session = session_of(tiny_server, caller)
+    long_replies(caller)
+    say(caller, "Tell me a long story.")
+    await caller.wait_for("output_audio_buffer.started", timeout=60)
+    reply = session.reply
+    assert reply is not None
+    caller.send({"type": "response.cancel"})
+    caller.send({"type": "conversation.item.truncate", "event_id": "evt_cut",
+                 "item_id": reply.item_id, "content_index": 0, "audio_end_ms": 0})
+    # The cancel's own truncation at what had played, then the client's at 0.
+    second = await caller.wait_for("conversation.item.truncated", count=2, timeout=10)
+    assert (second["item_id"], second["audio_end_ms"]) == (reply.item_id, 0)
+    done = (await caller.wait_for("response.done", timeout=30))["response"]
+    assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+    assert done["output"][0]["content"][0]["transcript"] == ""  # nothing was heard, it says
+    assert not caller.of_type("error"), caller.of_type("error")
     assert_valid_events(caller)

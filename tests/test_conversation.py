@@ -64,7 +64,7 @@ async def test_spoken_question_gets_audio_answer_in_order(
             SERVER_EVENT.validate_python(event)  # byte-compatible with OpenAI's SDK models
         order = ["session.created", "input_audio_buffer.speech_started",
                  "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
-                 "conversation.item.created", "response.created", "response.output_item.added",
+                 "conversation.item.added", "response.created", "response.output_item.added",
                  "response.output_audio_transcript.delta", "output_audio_buffer.started",
                  "response.output_audio_transcript.done", "response.output_audio.done",
                  "response.output_item.done", "response.done", "output_audio_buffer.stopped"]
@@ -84,6 +84,15 @@ async def test_spoken_question_gets_audio_answer_in_order(
             assert {(e["response_id"], e["item_id"]) for e in caller.of_type(t)} == {
                 (response_id, item_id)}
         assert done["response"]["id"] == response_id
+        # GA's item pair: each item added, then done once final (the caller's, once heard).
+        added = [e["item"]["id"] for e in caller.of_type("conversation.item.added")]
+        finals = {e["item"]["id"]: e["item"] for e in caller.of_type("conversation.item.done")}
+        assert added == [started["item_id"], item_id] and set(finals) == set(added)
+        assert finals[item_id]["status"] == "completed"
+        # Final as committed; the tiny family hears without writing down: no transcript.
+        assert finals[started["item_id"]]["content"] == [
+            {"type": "input_audio", "transcript": None}]
+        assert not caller.of_type("conversation.item.input_audio_transcription.completed")
         text = "".join(e["delta"] for e in caller.of_type("response.output_audio_transcript.delta"))
         assert caller.of_type("response.output_audio_transcript.done")[0]["transcript"] == text
         assert done["response"]["usage"]["output_token_details"]["text_tokens"] == 96

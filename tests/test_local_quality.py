@@ -103,6 +103,7 @@ async def answered(local_server: Served,
         caller.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": LONG_REQUEST}]}})
+        caller.send({"type": "response.create"})
         long = await played_out(caller, call.handler, 2)
         yield AnsweredCall(caller, spoken, long)
     finally:
@@ -261,6 +262,7 @@ async def test_a_busy_core_does_not_stall_the_thinker(local_server: Served,
         answered.caller.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "Tell me a long story about a castle."}]}})
+        answered.caller.send({"type": "response.create"})
         heard = await played_out(answered.caller, session_of(local_server, answered.caller),
                                  3)  # asserts it completed
     finally:

@@ -19,6 +19,7 @@ import pytest
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 
 from agent.bench.speech import resample
+from tests.openai_clients import until
 from tests.product_calls import connect, engines_hold, say, spoken
 from tests.served import Served
 
@@ -51,16 +52,6 @@ async def append(conn: AsyncRealtimeConnection, pcm: np.ndarray) -> None:
     for begin in range(0, len(pcm), step):
         chunk = pcm[begin:begin + step].astype("<i2").tobytes()
         await conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
-
-
-async def until(conn: AsyncRealtimeConnection, event_type: str, seen: list[Any]) -> Any:
-    """Read events (noted in `seen`) up to the first of `event_type`; an error event fails."""
-    async for event in conn:
-        seen.append(event)
-        assert event.type != "error", event
-        if event.type == event_type:
-            return event
-    raise AssertionError(f"the connection closed before {event_type}")
 
 
 async def seen_or_until(conn: AsyncRealtimeConnection, event_type: str, seen: list[Any]) -> Any:
@@ -158,6 +149,7 @@ async def test_speech_over_a_reply_barges_in_and_becomes_the_next_turn(
     await conn.conversation.item.create(item={
         "type": "message", "role": "user",
         "content": [{"type": "input_text", "text": "Tell me a long story."}]})
+    await conn.response.create()
     first = await until(conn, "response.output_audio.delta", seen)
     await append(conn, question)  # all at once, faster than real time: it still barges in
     done = await until(conn, "response.done", seen)

@@ -2,8 +2,9 @@
 `openai` SDK against the real product on the local profile (Whisper tiny.en, the Piper voice):
 an espeak-ng question is transcribed from a WAV file in every response format, the server's own
 speech is understood when transcribed back (a round trip through two endpoints and two codecs),
-and what cannot be honoured is refused naming the field. The tiny family, which hears without
-writing down, refuses transcriptions."""
+and what cannot be honoured is refused naming the field. A Realtime transcription session
+(`session.type: "transcription"`) writes a caller's question down and answers nothing. The tiny
+family, which hears without writing down, refuses transcriptions of both kinds."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import numpy as np
 import openai
 import pytest
 
-from tests.audio_fixtures import speech_wav, write_wav
+from tests.audio_fixtures import read_wav, speech_wav, write_wav
 from tests.openai_clients import clients
+from tests.product_calls import assert_valid_events, connect
 from tests.served import Served
 
 pytestmark = pytest.mark.engines
@@ -118,3 +120,50 @@ async def test_a_family_that_does_not_write_speech_down_refuses(tiny_server: Ser
     with pytest.raises(openai.BadRequestError) as refused:
         await client.audio.transcriptions.create(model="tiny", file=("q.wav", question_wav))
     assert refused.value.body["param"] == "model"
+
+
+TRANSCRIPTION_SESSION = {"type": "session.update", "session": {
+    "type": "transcription", "audio": {"input": {
+        "transcription": {"model": "gpt-4o-transcribe"},
+        "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}}
+
+
+async def test_a_transcription_session_writes_the_caller_down_and_answers_nothing(
+        local_server: Served, tmp_path: Path) -> None:
+    spoken = speech_wav(QUESTION, tmp_path / "question.wav", pad_before_s=0.5, pad_after_s=1.5)
+    caller = await connect(local_server.url)
+    try:
+        caller.send(TRANSCRIPTION_SESSION)
+        session = (await caller.wait_for("session.updated"))["session"]
+        assert session["type"] == "transcription"
+        assert session["audio"]["input"]["transcription"]["model"] == "local@1"
+        caller.audio.replace(read_wav(spoken)[0])
+        committed = await caller.wait_for("input_audio_buffer.committed", timeout=30)
+        completed = await caller.wait_for(
+            "conversation.item.input_audio_transcription.completed", timeout=60)
+        assert completed["item_id"] == committed["item_id"]
+        assert wer(QUESTION, completed["transcript"]) <= 0.2, completed["transcript"]
+        (delta,) = caller.of_type("conversation.item.input_audio_transcription.delta")
+        assert delta["delta"] == completed["transcript"]
+        assert [e["item"]["id"] for e in caller.of_type("conversation.item.done")] == [
+            committed["item_id"]]
+        caller.send({"type": "response.create", "event_id": "evt_answer"})
+        error = (await caller.wait_for("error"))["error"]
+        assert (error["code"], error["event_id"]) == ("unsupported_event", "evt_answer")
+        assert not caller.of_type("response.created")  # nothing answered, ever
+        assert_valid_events(caller)
+    finally:
+        await caller.hang_up()
+
+
+async def test_a_family_that_does_not_write_speech_down_has_no_transcription_sessions(
+        tiny_server: Served) -> None:
+    caller = await connect(tiny_server.url)
+    try:
+        caller.send(TRANSCRIPTION_SESSION)
+        error = (await caller.wait_for("error"))["error"]
+        assert error["param"] == "session.type" and "does not write speech down" in error[
+            "message"], error
+        assert not caller.of_type("session.updated")
+    finally:
+        await caller.hang_up()

@@ -73,7 +73,7 @@ async def test_the_agent_calls_a_tool_then_speaks_its_result(
 
     caller.send({"type": "conversation.item.create", "item": {
         "type": "function_call_output", "call_id": item["call_id"], "output": '{"temp": 21}'}})
-    created = (await caller.wait_for("conversation.item.created", count=3))["item"]
+    created = (await caller.wait_for("conversation.item.added", count=3))["item"]
     assert (created["type"], created["call_id"]) == ("function_call_output", item["call_id"])
     update_session(caller, max_output_tokens=16)  # a short spoken reply is enough
     await caller.wait_for("session.updated", count=2)
@@ -101,7 +101,6 @@ BAD_TOOLS = [
     ({"tools": [{"type": "function", "name": "no spaces"}]}, "tools[0].name"),
     ({"tools": TOOLS[:1], "tool_choice": {"type": "function", "name": "book_table"}},
      "'book_table', which is not among the tools"),
-    ({"tools": [], "tool_choice": "required"}, "'required' needs tools"),
 ]
 
 
@@ -124,6 +123,28 @@ async def test_tools_the_server_cannot_honour_are_refused_and_change_nothing(
     assert (error["code"], error["event_id"]) == ("item_not_found", "evt_out")
     assert session.conversation.items == []
     assert not caller.of_type("session.updated") and not caller.of_type("response.created")
+    assert_valid_events(caller)
+
+
+async def test_required_before_any_tool_stands_and_words_answer_meanwhile(
+    tiny_server: Served, caller: RtcCaller
+) -> None:
+    """LiveKit's and pipecat's first session.update names tool_choice before their tools
+    come: it is taken, and until a tool exists a response answers in words."""
+    session = session_of(tiny_server, caller)
+    turns = record_turns(session)
+    update_session(caller, tool_choice="required", max_output_tokens=8)
+    updated = (await caller.wait_for("session.updated"))["session"]
+    assert (updated["tool_choice"], updated["tools"]) == ("required", [])
+    caller.send({"type": "response.create", "response": {"metadata": {"client_event_id": "a1"}}})
+    created = (await caller.wait_for("response.created"))["response"]
+    done = (await caller.wait_for("response.done", timeout=60))["response"]
+    assert created["metadata"] == done["metadata"] == {"client_event_id": "a1"}  # given back
+    assert done["status"] == "completed" and done["output"][0]["type"] == "message", done
+    assert turns[0].response_format is None  # no grammar: words
+    update_session(caller, tools=TOOLS[:1])
+    await caller.wait_for("session.updated", count=2)
+    assert session.tools.choice == "required" and session.tools.functions
     assert_valid_events(caller)
 
 

@@ -180,7 +180,7 @@ async def test_completed_and_cancelled_turns_are_recorded(tiny_server: Served) -
     try:
         question = "What is the capital of France?"
         say(caller, question)
-        user_item = (await caller.wait_for("conversation.item.created"))["item"]
+        user_item = (await caller.wait_for("conversation.item.added"))["item"]
         done = await caller.wait_for("response.done", timeout=120)
         transcript = (await caller.wait_for("response.output_audio_transcript.done"))["transcript"]
         assert done["response"]["status"] == "completed", done

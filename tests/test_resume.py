@@ -23,7 +23,13 @@ from agent.realtime.history import Conversation
 from agent.realtime.session import Session
 from agent.realtime.session_config import SavedConversation, SessionConfig
 from media.vad import VadConfig
-from tests.product_calls import session_of, turn_detection, update_session, wait_until
+from tests.product_calls import (
+    session_of,
+    turn_detection,
+    type_text,
+    update_session,
+    wait_until,
+)
 from tests.rtc_client import ArrayAudioTrack, RtcCaller, dead_peer_offer
 from tests.served import Served, serve
 
@@ -49,11 +55,6 @@ async def call(served: Served, token: str | None = None) -> RtcCaller:
     return caller
 
 
-def say(caller: RtcCaller, text: str) -> None:
-    caller.send({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
-
-
 async def talked(served: Served) -> tuple[RtcCaller, str, list[str]]:
     """A caller who changed its instructions and said two things: the caller, its resume
     token and the ids of its history's items."""
@@ -62,9 +63,9 @@ async def talked(served: Served) -> tuple[RtcCaller, str, list[str]]:
     # No replies (no pipeline here): the user's items are only added.
     update_session(caller, instructions=INSTRUCTIONS, audio=turn_detection(create_response=False))
     await caller.wait_for("session.updated")
-    say(caller, "Where is the cloakroom?")
-    say(caller, "And the cafe?")
-    await caller.wait_for("conversation.item.created", count=2)
+    type_text(caller, "Where is the cloakroom?")
+    type_text(caller, "And the cafe?")
+    await caller.wait_for("conversation.item.added", count=2)
     items = [i.item_id for i in session_of(served, caller).conversation.items]
     assert len(items) == 2
     return caller, token, items
@@ -96,8 +97,8 @@ async def test_a_dropped_caller_resumes_its_conversation(server: Served) -> None
         assert [i.item_id for i in session.conversation.items] == items
         assert session.conversation.messages()[0] == {"role": "system",
                                                       "content": INSTRUCTIONS}
-        say(back, "Thanks!")
-        await back.wait_for("conversation.item.created")
+        type_text(back, "Thanks!")
+        await back.wait_for("conversation.item.added")
         assert len(session.conversation.items) == 3
         assert len(registry(server).resumes) == 0
         # The token was used: it resumes nothing again.

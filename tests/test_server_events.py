@@ -28,8 +28,18 @@ BUILT: dict[str, Callable[[], dict[str, Any]]] = {
     "input_audio_buffer.speech_stopped": lambda: ev.speech_stopped("item_2", 1_400),
     "input_audio_buffer.committed": lambda: ev.input_audio_buffer_committed("item_2"),
     "input_audio_buffer.cleared": ev.input_audio_buffer_cleared,
-    "conversation.item.created": lambda: ev.conversation_item_created(
+    "input_audio_buffer.timeout_triggered":
+        lambda: ev.input_audio_buffer_timeout_triggered("item_4", 5_000, 11_000),
+    "conversation.item.added": lambda: ev.conversation_item_added(
         ev.user_audio_item("item_2", None)),
+    "conversation.item.done": lambda: ev.conversation_item_done(
+        ev.user_audio_item("item_2", "what time is it")),
+    "conversation.item.retrieved": lambda: ev.conversation_item_retrieved(ITEM),
+    "conversation.item.deleted": lambda: ev.conversation_item_deleted("item_1"),
+    "conversation.item.input_audio_transcription.delta":
+        lambda: ev.input_audio_transcription_delta("item_2", "what time is it"),
+    "conversation.item.input_audio_transcription.failed":
+        lambda: ev.input_audio_transcription_failed("item_2", "the recogniser stopped"),
     "conversation.item.input_audio_transcription.completed":
         lambda: ev.input_audio_transcription_completed("item_2", "what time is it"),
     "conversation.item.truncated": lambda: ev.conversation_item_truncated("item_1", 640),
@@ -48,6 +58,11 @@ BUILT: dict[str, Callable[[], dict[str, Any]]] = {
     "output_audio_buffer.started": lambda: ev.output_audio_buffer_started("resp_1"),
     "output_audio_buffer.stopped": lambda: ev.output_audio_buffer_stopped("resp_1"),
     "output_audio_buffer.cleared": lambda: ev.output_audio_buffer_cleared("resp_1"),
+    "response.function_call_arguments.delta": lambda: ev.function_call_arguments_delta(
+        "resp_1", "item_3", "call_1", '{"city": "Paris"}'),
+    "response.function_call_arguments.done": lambda: ev.function_call_arguments_done(
+        "resp_1", "item_3", "call_1", "get_weather", '{"city": "Paris"}'),
+    "input_audio_buffer.dtmf_event_received": lambda: ev.dtmf_event_received("5", 1_700_000_000),
     "error": lambda: ev.error_event("bad", code="invalid_value", event_id="evt_1", param="x"),
 }
 
@@ -90,3 +105,11 @@ def test_the_session_object_carries_the_settings_it_was_given() -> None:
     assert session["instructions"] == "Be brief." and session["max_output_tokens"] == 32
     assert session["audio"]["output"]["voice"] == "alloy"
     assert detection["silence_duration_ms"] == 800 and detection["interrupt_response"] is False
+
+
+def test_a_transcription_session_is_valid_too() -> None:
+    settings = ConversationSettings(transcription_only=True)
+    session = ev.transcription_session_object("rtc_3", "local@1", settings, VadConfig())
+    parsed = SERVER_EVENT.validate_python(ev.session_updated(session))
+    assert parsed.session.type == "transcription"
+    assert session["audio"]["input"]["transcription"] == {"model": "local@1"}

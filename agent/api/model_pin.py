@@ -9,18 +9,22 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from agent.realtime.aliases import model_alias
 from agent.serving.binding import UnknownModelError, unknown_model
 from agent.serving.registry import ModelRegistry
 
 
 def pinned_factory(app: FastAPI, model_id: str | None) -> Any:
-    """The app's handler factory for a call pinned to `model_id` (None: unpinned, the factory
-    as it is); UnknownModelError when that model is not served."""
+    """The app's handler factory for a call pinned to `model_id` (None, or one of OpenAI's
+    Realtime model names: unpinned, the factory as it is); UnknownModelError when that model
+    is not served."""
     factory = app.state.handler_factory
     if model_id is None:
         return factory
     models: ModelRegistry = app.state.models
     if models.resolve(model_id) is None:
+        if model_alias(app.state.settings.aliases, model_id):  # OpenAI's name: the default
+            return factory
         raise unknown_model(models, model_id)
     return functools.partial(factory, model_id=model_id)
 

@@ -94,7 +94,8 @@ class Call(CallBase):
             await self.close()
             raise
         self.spawn(self._connect_watchdog())
-        self.records.call_started(self.id, self.settings.profile)
+        self.records.call_started(self.id, self.settings.profile,
+                                  getattr(self.handler, "aliases", None))
         self.spawn(self.watch_limits())
         return answer
 

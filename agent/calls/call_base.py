@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from agent.calls.limits import TokenBucket
-from agent.config import Settings
+from agent.config import ConversationSettings, Settings
 from agent.ops import logs
 from agent.ops.metrics import Metrics
 from agent.ops.records import CallRecords
@@ -33,6 +33,8 @@ from agent.realtime.server_events import (
 from agent.realtime.transport import AudioOut
 from agent.realtime.voices import check_voice
 from media.audio_format import FRAME_MS
+from media.noise_reduction import NoiseSuppressor
+from media.rnnoise_internals import RnnoiseInternalsError
 from media.vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped, VadSegmenter
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,8 @@ class CallBase:
         self.handler: CallHandler | None = None
         self.observers: set[Observer] = set()
         self._input: deque[np.ndarray] = deque()  # 20 ms frames since the last commit (no VAD)
+        self._denoiser: NoiseSuppressor | None = None  # while the session asks (noise_reduction)
+        self._no_denoiser = False  # one could not be made: said once, the audio goes on as is
         self._tasks: set[asyncio.Task[None]] = set()
         self._speech_item: str | None = None
         self._on_ended = on_ended
@@ -128,7 +132,9 @@ class CallBase:
         with, the offer's or the server's (the caller closes the call: the handler lets go of
         its version there)."""
         self.handler = factory(self) if factory else None
-        check_voice(self.conversation.voice, getattr(self.handler, "pipeline", None))
+        # The handler's voice: an OpenAI voice name is resolved there (realtime/aliases.py).
+        voice = getattr(getattr(self.handler, "settings", None), "voice", self.conversation.voice)
+        check_voice(voice, getattr(self.handler, "pipeline", None))
 
     def session_object(self) -> dict[str, Any]:
         """The session as `session.created` describes it (the handler's view when it has one)."""
@@ -143,8 +149,10 @@ class CallBase:
     # -- caller audio ---------------------------------------------------------------------
 
     def on_audio_frame(self, frame: np.ndarray) -> None:
-        """One 20 ms frame of the caller's 16 kHz audio: to the VAD, or into the input buffer
-        the client commits when server VAD is off (the newest max_utterance_ms kept)."""
+        """One 20 ms frame of the caller's 16 kHz audio, denoised if the session asks: to the
+        VAD, or into the input buffer the client commits when server VAD is off (the newest
+        max_utterance_ms kept)."""
+        frame = self._denoised(frame)
         if not self.server_vad:
             self._input.append(frame.copy())
             while len(self._input) * FRAME_MS > self.vad.config.max_utterance_ms:
@@ -164,6 +172,29 @@ class CallBase:
                     self.handler.on_speech_started(event, self._speech_item)
             else:
                 self._speech_stopped(event)
+
+    def _denoised(self, frame: np.ndarray) -> np.ndarray:
+        """`frame` through the call's noise suppressor while its session asks for one
+        (`audio.input.noise_reduction`): made when turned on, dropped when turned off, so each
+        time on starts afresh."""
+        settings = getattr(self.handler, "settings", None)
+        if not isinstance(settings, ConversationSettings):
+            settings = self.conversation
+        if settings.noise_reduction is None:
+            if self._denoiser is not None:
+                self._denoiser.close()
+                self._denoiser = None
+            return frame
+        if self._denoiser is None:
+            if self._no_denoiser:
+                return frame
+            try:
+                self._denoiser = NoiseSuppressor()
+            except RnnoiseInternalsError:  # configure() checked the library: not seen in practice
+                log.exception("call %s: no noise suppressor; the audio goes on as it is", self.id)
+                self._no_denoiser = True
+                return frame
+        return self._denoiser.process(frame)
 
     def end_utterance(self) -> bool:
         """End the caller's utterance at the pause it is in, as the end-of-turn silence would

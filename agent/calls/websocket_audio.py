@@ -1,9 +1,13 @@
-"""Audio on a Realtime WebSocket: base64 pcm16 at 24 kHz both ways (OpenAI's `audio/pcm`).
+"""Audio on a Realtime WebSocket, base64 in the events both ways, in the format the session chose
+(`session.audio.input.format`, `.output.format`): pcm16 at 24 kHz (OpenAI's `audio/pcm`, the
+default), or G.711 at 8 kHz, one byte a sample (`audio/pcmu`, `audio/pcma`: what telephony
+gateways stream; media/g711.py).
 
 The caller's appends are resampled (PyAV, streaming) to the 16 kHz 20 ms frames the VAD takes;
-the agent's audio is resampled to 24 kHz and sent as fast as it comes, while a playout clock
-estimates what the client has played (real time from the first delta after a pause), which is
-what barge-in and truncation go by, and bounds how far ahead of it the agent may be.
+the agent's audio is resampled to the format's rate and sent as fast as it comes, while a
+playout clock estimates what the client has played (real time from the first delta after a
+pause), which is what barge-in and truncation go by, and bounds how far ahead of it the agent
+may be.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from collections.abc import Callable
 import av
 import numpy as np
 
+from media import g711
 from media.audio_format import FRAME_SAMPLES
 
 WIRE_RATE = 24_000  # Hz: pcm16 mono little-endian, the Realtime API's audio/pcm
+PCM = "audio/pcm"
+G711_LAWS: dict[str, g711.Law] = {"audio/pcmu": "pcmu", "audio/pcma": "pcma"}
 
 
 def pcm16(pcm: np.ndarray) -> np.ndarray:
@@ -42,6 +49,39 @@ def decode_pcm16(audio: str) -> np.ndarray:
 
 def encode_pcm16(pcm: np.ndarray) -> str:
     return base64.b64encode(pcm.astype("<i2").tobytes()).decode("ascii")
+
+
+class WireFormat:
+    """One of the session's audio formats (OpenAI's name: audio/pcm, audio/pcmu, audio/pcma):
+    base64 text to and from mono int16 at its `rate`."""
+
+    def __init__(self, name: str) -> None:
+        law = G711_LAWS.get(name)
+        if law is None and name != PCM:
+            raise ValueError(f"no audio format {name!r}")
+        self.name = name
+        self.rate = WIRE_RATE if law is None else g711.RATE
+        self._g711 = g711.G711(law) if law is not None else None
+
+    def ms(self, samples: int) -> float:
+        """How long `samples` of this format play."""
+        return samples * 1000 / self.rate
+
+    def decode(self, audio: str) -> np.ndarray:
+        """The samples of a base64 string; ValueError saying what is wrong with it."""
+        if self._g711 is None:
+            return decode_pcm16(audio)
+        try:
+            raw = base64.b64decode(audio, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"audio is not base64: {exc}") from None
+        return self._g711.decode(raw)
+
+    def encode(self, pcm: np.ndarray) -> str:
+        """Mono int16 at `rate` as base64."""
+        if self._g711 is None:
+            return encode_pcm16(pcm)
+        return base64.b64encode(self._g711.encode(pcm)).decode("ascii")
 
 
 class Resampler:
@@ -70,15 +110,16 @@ class Resampler:
 
 
 class InputFrames:
-    """A client's appended 24 kHz audio as 16 kHz 20 ms frames for the VAD."""
+    """A client's appended audio (24 kHz, or 8 kHz G.711 decoded) as 16 kHz 20 ms frames for
+    the VAD."""
 
     def __init__(self, on_frame: Callable[[np.ndarray], None]) -> None:
         self._on_frame = on_frame
         self._resampler = Resampler(16_000)
         self._carry = np.zeros(0, np.int16)  # under one frame, waiting for the next append
 
-    def push(self, pcm: np.ndarray) -> None:
-        samples = np.concatenate([self._carry, self._resampler.convert(pcm, WIRE_RATE)])
+    def push(self, pcm: np.ndarray, rate: int = WIRE_RATE) -> None:
+        samples = np.concatenate([self._carry, self._resampler.convert(pcm, rate)])
         whole = len(samples) // FRAME_SAMPLES * FRAME_SAMPLES
         self._carry = samples[whole:].copy()
         for begin in range(0, whole, FRAME_SAMPLES):

@@ -1,7 +1,8 @@
 """One Realtime call over a WebSocket (`GET /v1/realtime?model=...`), the way OpenAI's SDKs
 connect: server events out as JSON text frames, the agent's audio among them as
-`response.output_audio.delta` (base64 pcm16 24 kHz), the caller's audio in as
-`input_audio_buffer.append`. The conversation is the same session as on a WebRTC call.
+`response.output_audio.delta`, the caller's audio in as `input_audio_buffer.append`, both base64
+in the audio formats the session chose (pcm16 24 kHz, or G.711 8 kHz: websocket_audio.py). The
+conversation is the same session as on a WebRTC call.
 
 Bounded both ways: a client may send audio at most `ws_audio_ahead_ms` ahead of real time, and
 the events waiting for it to read are held up to `ws_send_buffer_bytes`; past either it gets an
@@ -23,22 +24,23 @@ from agent.calls.call_base import CallBase
 from agent.calls.event_socket import CLOSE_WAIT_S, EventSocket
 from agent.calls.limits import TokenBucket
 from agent.calls.websocket_audio import (
+    PCM,
     WIRE_RATE,
     InputFrames,
     PlayoutClock,
     Resampler,
-    decode_pcm16,
-    encode_pcm16,
+    WireFormat,
     pcm16,
 )
-from agent.config import Settings
+from agent.config import ConversationSettings, Settings
 from agent.realtime.server_events import error_event, output_audio_delta, session_created
 
 log = logging.getLogger(__name__)
 
 POLICY_VIOLATION = 1008  # WebSocket close code: the client broke a limit
 DELTA_MS = 200  # the agent's audio goes out in deltas of at most this much
-DELTA_BYTES_PER_MS = WIRE_RATE * 2 * 4 // 3 // 1000  # a delta's base64 pcm16 per ms of audio
+# A delta's base64 per ms of audio, in the widest format (pcm16 24 kHz; G.711 takes a third).
+DELTA_BYTES_PER_MS = WIRE_RATE * 2 * 4 // 3 // 1000
 
 
 def audio_lead_ms(settings: Settings) -> int:
@@ -57,6 +59,11 @@ class WebSocketCall(CallBase):
 
     def __init__(self, settings: Settings, *args: Any, **kwargs: Any) -> None:
         super().__init__(settings, *args, **kwargs)
+        # Its audio travels in its events, in formats the session chooses: audio/pcm until a
+        # session.update says otherwise (a WebRTC call has none: its audio is Opus media).
+        self.conversation = self.conversation.model_copy(update={
+            "input_format": self.conversation.input_format or PCM,
+            "output_format": self.conversation.output_format or PCM})
         self.max_message_bytes = settings.ws_max_message_bytes
         self.outbound: PlayoutClock = PlayoutClock(audio_lead_ms(settings))
         self._socket: WebSocket | None = None
@@ -65,6 +72,8 @@ class WebSocketCall(CallBase):
         self._refused = False  # over a limit: nothing more is read or queued
         self._frames = InputFrames(self.on_audio_frame)
         self._audio_in = TokenBucket(1000.0, settings.ws_audio_ahead_ms)  # ms of audio
+        self._wire_in = WireFormat(PCM)  # the formats last used, as the session chose them
+        self._wire_out = WireFormat(PCM)
         self._audio_out = Resampler(WIRE_RATE)
         self._flushes = 0  # the clock's flushes seen by play(): a new one resets the resampler
 
@@ -73,7 +82,8 @@ class WebSocketCall(CallBase):
         started before the handshake: start_handler)."""
         self._socket = socket
         self._events = EventSocket(socket, self.settings.ws_send_buffer_bytes)
-        self.records.call_started(self.id, self.settings.profile)
+        self.records.call_started(self.id, self.settings.profile,
+                                  getattr(self.handler, "aliases", None))
         self.send_event(session_created(self.session_object()))
         self.spawn(self._events.run())
         self.spawn(self._read_events())
@@ -102,14 +112,17 @@ class WebSocketCall(CallBase):
         outbound_queue_ms ahead of what it has played."""
         clock = self.outbound
         generation = self._flush_count()
+        wire = self._wire_out = _chosen(self._wire_out, self._session_settings().output_format)
+        if self._audio_out.rate != wire.rate:
+            self._audio_out = Resampler(wire.rate)
         samples = self._audio_out.convert(pcm16(pcm), rate)
-        step = WIRE_RATE * DELTA_MS // 1000
+        step = wire.rate * DELTA_MS // 1000
         for begin in range(0, len(samples), step):
             if not await clock.room() or self._flush_count() != generation:
                 return  # cut off (barge-in, a cancel): the rest of this chunk is dropped
             piece = samples[begin:begin + step]
-            self.send_event(output_audio_delta(response_id, item_id, encode_pcm16(piece)))
-            clock.sent(len(piece) * 1000 / WIRE_RATE)
+            self.send_event(output_audio_delta(response_id, item_id, wire.encode(piece)))
+            clock.sent(wire.ms(len(piece)))
 
     def _flush_count(self) -> int:
         generation = self.outbound.flushes
@@ -147,17 +160,23 @@ class WebSocketCall(CallBase):
             else:
                 self.refuse_excess()
             return
+        wire = self._wire_in = _chosen(self._wire_in, self._session_settings().input_format)
         try:
-            pcm = decode_pcm16(event.audio)
+            pcm = wire.decode(event.audio)
         except ValueError as exc:
             self.send_event(error_event(f"input_audio_buffer.append: {exc}", code="invalid_value",
                                         event_id=event.event_id, param="audio"))
             return
-        if not self._audio_in.take(len(pcm) * 1000 / WIRE_RATE):
+        if not self._audio_in.take(wire.ms(len(pcm))):
             self._refuse("input_audio_too_fast", f"the client sent audio over "
                          f"{self.settings.ws_audio_ahead_ms} ms ahead of real time")
             return
-        self._frames.push(pcm)
+        self._frames.push(pcm, wire.rate)
+
+    def _session_settings(self) -> ConversationSettings:
+        """The settings the call's session runs with now (a session.update changes them)."""
+        settings: ConversationSettings | None = getattr(self.handler, "settings", None)
+        return settings if settings is not None else self.conversation
 
     def _refuse(self, code: str, message: str) -> None:
         """A broken limit: an `error` event saying which, then the socket is closed."""
@@ -179,3 +198,9 @@ class WebSocketCall(CallBase):
         if self._events is not None:
             await self._events.close(POLICY_VIOLATION if self._refused else 1000)
         self._ended.set()
+
+
+def _chosen(current: WireFormat, name: str | None) -> WireFormat:
+    """The audio format `name` (audio/pcm by default), `current` itself if it is that one."""
+    name = name or PCM
+    return current if current.name == name else WireFormat(name)

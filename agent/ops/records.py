@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DB_NAME = "records.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: calls.aliases
 QUEUE_MAX = 1024  # records waiting for the writer; a turn is one record, so this is minutes
 BUSY_TIMEOUT_S = 10.0  # how long a write waits for another process's lock on the database
 CLOSE_TIMEOUT_S = 5.0  # shutdown waits this long for the queue to drain (SIGTERM has 30 s)
@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS calls (
     profile    TEXT,
     started_at REAL NOT NULL,     -- unix seconds: the call was answered
     ended_at   REAL,              -- NULL while live, or when the server died first
-    end_reason TEXT               -- hangup, connection_closed, connect_timeout, ...
+    end_reason TEXT,              -- hangup, connection_closed, connect_timeout, ...
+    aliases    TEXT               -- JSON: the OpenAI names its session used and what they meant
 );
 CREATE TABLE IF NOT EXISTS turns (
     call_id          TEXT NOT NULL,
@@ -223,14 +224,23 @@ class CallRecords:
 
     # -- producers (event loop, never block) --------------------------------------------------
 
-    def call_started(self, call_id: str, profile: str) -> bool:
+    def call_started(self, call_id: str, profile: str,
+                     aliases: dict[str, Any] | None = None) -> bool:
         started = time.time()
         return self._submit(
             lambda db: db.execute(
-                "INSERT OR IGNORE INTO calls (call_id, profile, started_at) VALUES (?, ?, ?)",
-                (call_id, profile, started),
+                "INSERT OR IGNORE INTO calls (call_id, profile, started_at, aliases) "
+                "VALUES (?, ?, ?, ?)",
+                (call_id, profile, started, json.dumps(aliases) if aliases else None),
             )
         )
+
+    def call_aliases(self, call_id: str, aliases: dict[str, Any]) -> bool:
+        """Keep what the OpenAI names a started call's session used resolved to (all so far)."""
+        text = json.dumps(aliases)
+        return self._submit(
+            lambda db: db.execute("UPDATE calls SET aliases = ? WHERE call_id = ?",
+                                  (text, call_id)))
 
     def call_ended(self, call_id: str, reason: str) -> bool:
         """Mark a started call ended (a call never answered has no row and gets none)."""
@@ -354,6 +364,9 @@ def connect(path: Path) -> sqlite3.Connection:
                 f"{path}: records schema {version} is newer than this omnivox ({SCHEMA_VERSION})"
             )
         db.executescript(SCHEMA)
+        columns = {row["name"] for row in db.execute("PRAGMA table_info(calls)")}
+        if "aliases" not in columns:  # a version 1 database
+            db.execute("ALTER TABLE calls ADD COLUMN aliases TEXT")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
         db.close()
@@ -370,11 +383,9 @@ def read_call(db: sqlite3.Connection, call_id: str) -> dict[str, Any] | None:
     if call is None and not turns:
         return None
     record: dict[str, Any] = {"object": "call.record", "id": call_id}
-    record.update(
-        {k: call[k] for k in ("profile", "started_at", "ended_at", "end_reason")}
-        if call is not None
-        else dict.fromkeys(("profile", "started_at", "ended_at", "end_reason"))
-    )
+    fields = ("profile", "started_at", "ended_at", "end_reason", "aliases")
+    record.update({k: call[k] for k in fields} if call is not None else dict.fromkeys(fields))
+    record["aliases"] = json.loads(record["aliases"]) if record["aliases"] else {}
     record["turns"] = [_turn_json(row) for row in turns]
     return record
 

@@ -15,6 +15,7 @@ class Item:
     role: str  # "user" | "assistant" | "tool" (a function's output)
     text: str
     call_id: str | None = None  # a function call, or the output of one
+    heard: bool = False  # the caller's speech (its text is the transcript), not typed
 
 
 class Conversation:
@@ -29,8 +30,9 @@ class Conversation:
         self.max_items = max_items
         self._items: deque[Item] = deque()
 
-    def add(self, item_id: str, role: str, text: str, call_id: str | None = None) -> Item:
-        item = Item(item_id, role, text, call_id)
+    def add(self, item_id: str, role: str, text: str, call_id: str | None = None,
+            heard: bool = False) -> Item:
+        item = Item(item_id, role, text, call_id, heard)
         self._items.append(item)
         if len(self._items) > self.max_items:
             for _ in range(max(1, self.max_items // 4)):
@@ -44,6 +46,13 @@ class Conversation:
 
     def get(self, item_id: str) -> Item | None:
         return next((i for i in self._items if i.item_id == item_id), None)
+
+    def delete(self, item_id: str) -> bool:
+        """Take `item_id` out of the history (the next turn's Thinker no longer sees it)."""
+        item = self.get(item_id)
+        if item is not None:
+            self._items.remove(item)
+        return item is not None
 
     @property
     def items(self) -> list[Item]:

@@ -74,3 +74,4 @@ class Playback:
         self.session.call.send_event(output_audio_buffer_stopped(reply.response_id))
         if self.session.reply is None:
             self.session.state = State.LISTENING
+            self.session.fell_silent()

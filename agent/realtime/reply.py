@@ -11,6 +11,7 @@ from agent.guided.functions import FunctionCall
 from agent.realtime.history import SpokenText
 from agent.realtime.server_events import (
     assistant_item,
+    conversation_item_done,
     error_event,
     function_call_item,
     output_audio_done,
@@ -38,6 +39,7 @@ class Reply:
     turn_id: str
     user_item_id: str | None
     text_only: bool = False  # output_modalities ["text"]: the reply's audio is not sent
+    metadata: dict[str, str] | None = None  # the client's, from response.create, given back
     text: str = ""
     spoken: SpokenText = field(default_factory=SpokenText)
     audio_base_ms: int | None = None  # call's played_ms at which this reply's audio begins
@@ -91,9 +93,9 @@ def done_events(
         events.append(output_audio_done(response_id, item_id))
     item_status = "completed" if status == "completed" else "incomplete"
     item = assistant_item(item_id, transcript, item_status, reply.text_only)
-    events.append(output_item_done(response_id, item))
+    events += [output_item_done(response_id, item), conversation_item_done(item)]
     body = response_object(response_id, status, [item], usage=usage, reason=reason, error=error,
-                           text_only=reply.text_only)
+                           text_only=reply.text_only, metadata=reply.metadata)
     events.append(response_done(body))
     return events
 
@@ -108,7 +110,7 @@ def _items_done(reply: Reply, status: str, usage: dict[str, Any] | None, error: 
         item = function_call_item(reply.call_item_id, call.call_id, call.name, call.arguments,
                                   "completed")
         output.append(item)
-        events.append(output_item_done(reply.response_id, item))
+        events += [output_item_done(reply.response_id, item), conversation_item_done(item)]
     body = response_object(reply.response_id, status, output, usage=usage, reason=reason,
-                           error=error, text_only=reply.text_only)
+                           error=error, text_only=reply.text_only, metadata=reply.metadata)
     return [*events, response_done(body)]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from agent.realtime.reply import Reply, State
 from agent.realtime.server_events import (
     input_audio_transcription_completed,
+    input_audio_transcription_delta,
     output_audio_transcript_delta,
     output_text_delta,
     usage_object,
@@ -71,4 +72,6 @@ def _user_transcript(session: Session, reply: Reply, text: str) -> None:
     item = session.conversation.get(reply.user_item_id)
     if item is not None:
         item.text = text
+    # The recogniser hears the utterance whole: its transcript is one delta, then completed.
+    session.call.send_event(input_audio_transcription_delta(reply.user_item_id, text))
     session.call.send_event(input_audio_transcription_completed(reply.user_item_id, text))

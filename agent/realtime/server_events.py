@@ -3,10 +3,12 @@ responses), shaped as OpenAI's GA API has them; the only module that spells a se
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 from agent.config import ConversationSettings
+from agent.realtime.history import Item
 from media.vad import VadConfig
 
 Event = dict[str, Any]
@@ -29,8 +31,10 @@ def session_object(
     session_id: str, profile: str, conversation: ConversationSettings, vad: VadConfig,
     tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, str] = "auto",
 ) -> dict[str, Any]:
-    """The session as `session.created` / `session.updated` (and a client secret) carry it."""
-    pcm = {"type": "audio/pcm", "rate": 24000}
+    """The session as `session.created` / `session.updated` (and a client secret) carry it:
+    the caller's speech is always transcribed, by the model itself (`profile`). The audio
+    formats are a WebSocket call's choice; a call with none (WebRTC: Opus media) reports the
+    default, audio/pcm at 24 kHz, which is all it takes."""
     return {
         "type": "realtime",
         "object": "realtime.session",
@@ -40,15 +44,53 @@ def session_object(
         "output_modalities": modalities(conversation.text_only),
         "audio": {
             "input": {
-                "format": pcm,
+                "format": audio_format(conversation.input_format),
+                "transcription": {"model": profile},
                 "turn_detection": turn_detection(conversation, vad),
+                "noise_reduction": noise_reduction(conversation),
             },
-            "output": {"format": pcm, "voice": conversation.voice},
+            "output": {"format": audio_format(conversation.output_format),
+                       "voice": conversation.voice},
         },
         "max_output_tokens": conversation.max_reply_tokens,
         "tools": tools or [],
         "tool_choice": tool_choice,
     }
+
+
+def audio_format(name: str | None) -> dict[str, Any]:
+    """A session's audio format as the protocol spells it (None, a WebRTC call's: pcm)."""
+    return {"type": "audio/pcm", "rate": 24000} if name in (None, "audio/pcm") else {"type": name}
+
+
+def transcription_session_object(session_id: str, profile: str,
+                                 conversation: ConversationSettings,
+                                 vad: VadConfig) -> dict[str, Any]:
+    """A transcription session (session.type transcription) as session.updated carries it."""
+    return {
+        "type": "transcription",
+        "object": "realtime.transcription_session",
+        "id": session_id,
+        "audio": {"input": {"format": audio_format(conversation.input_format),
+                            "transcription": {"model": profile},
+                            "turn_detection": turn_detection(conversation, vad),
+                            "noise_reduction": noise_reduction(conversation)}},
+        "include": [],
+    }
+
+
+def noise_reduction(conversation: ConversationSettings) -> dict[str, str] | None:
+    """The session's `audio.input.noise_reduction`: its type, or None when off."""
+    kind = conversation.noise_reduction
+    return {"type": kind} if kind is not None else None
+
+
+def input_audio_transcription_failed(item_id: str, message: str) -> Event:
+    """`conversation.item.input_audio_transcription.failed`: the utterance was not heard."""
+    return server_event("conversation.item.input_audio_transcription.failed", item_id=item_id,
+                        content_index=0, error={"type": "server_error",
+                                                "code": "transcription_failed",
+                                                "message": message, "param": None})
 
 
 def turn_detection(conversation: ConversationSettings, vad: VadConfig) -> dict[str, Any] | None:
@@ -66,6 +108,7 @@ def turn_detection(conversation: ConversationSettings, vad: VadConfig) -> dict[s
         "threshold": (vad.aggressiveness + 0.5) / 4,
         "prefix_padding_ms": vad.preroll_ms,
         "silence_duration_ms": vad.silence_ms,
+        "idle_timeout_ms": conversation.idle_timeout_ms,
         **common,
     }
 
@@ -121,14 +164,17 @@ def response_object(
     reason: str | None = None,
     error: str | None = None,
     text_only: bool = False,
+    metadata: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A response object; status is in_progress, completed, cancelled or failed."""
+    """A response object; status is in_progress, completed, cancelled or failed. `metadata`:
+    the client's, from its response.create, given back as it came."""
     body: dict[str, Any] = {
         "id": response_id,
         "object": "realtime.response",
         "status": status,
         "output": output,
         "output_modalities": modalities(text_only),
+        "metadata": metadata,
     }
     if status in ("cancelled", "failed", "incomplete"):
         details: dict[str, Any] = {"type": status}
@@ -204,14 +250,49 @@ def input_audio_buffer_committed(item_id: str) -> Event:
     return server_event("input_audio_buffer.committed", item_id=item_id, previous_item_id=None)
 
 
+def input_audio_buffer_timeout_triggered(item_id: str, audio_start_ms: int,
+                                         audio_end_ms: int) -> Event:
+    """`input_audio_buffer.timeout_triggered`: the caller stayed silent past idle_timeout_ms."""
+    return server_event("input_audio_buffer.timeout_triggered", item_id=item_id,
+                        audio_start_ms=audio_start_ms, audio_end_ms=audio_end_ms)
+
+
 def input_audio_buffer_cleared() -> Event:
     """`input_audio_buffer.cleared`: the caller's audio so far was dropped."""
     return server_event("input_audio_buffer.cleared")
 
 
-def conversation_item_created(item: dict[str, Any]) -> Event:
-    """`conversation.item.created`: `item` joined the conversation."""
-    return server_event("conversation.item.created", item=item)
+def conversation_item_added(item: dict[str, Any]) -> Event:
+    """`conversation.item.added`: `item` joined the conversation (a reply's, still empty)."""
+    return server_event("conversation.item.added", item=item, previous_item_id=None)
+
+
+def conversation_item_done(item: dict[str, Any]) -> Event:
+    """`conversation.item.done`: `item` is final (a reply's once it ended, the caller's
+    utterance once committed: its transcript comes in transcription events)."""
+    return server_event("conversation.item.done", item=item, previous_item_id=None)
+
+
+def conversation_item_retrieved(item: dict[str, Any]) -> Event:
+    """`conversation.item.retrieved`: the item a client asked for, as the history holds it."""
+    return server_event("conversation.item.retrieved", item=item)
+
+
+def conversation_item_deleted(item_id: str) -> Event:
+    """`conversation.item.deleted`: the item left the history."""
+    return server_event("conversation.item.deleted", item_id=item_id)
+
+
+def item_added_and_done(item: dict[str, Any]) -> list[Event]:
+    """A whole item joining the conversation: a typed message, a function's output, the
+    caller's committed utterance."""
+    return [conversation_item_added(item), conversation_item_done(item)]
+
+
+def input_audio_transcription_delta(item_id: str, delta: str) -> Event:
+    """`conversation.item.input_audio_transcription.delta`: more of what the caller said."""
+    return server_event("conversation.item.input_audio_transcription.delta", item_id=item_id,
+                        content_index=0, delta=delta)
 
 
 def input_audio_transcription_completed(item_id: str, transcript: str) -> Event:
@@ -240,6 +321,20 @@ def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
             "call_id": call_id, "name": name, "arguments": arguments}
 
 
+def history_item(item: Item, status: str, text_only: bool = False) -> dict[str, Any]:
+    """An item of the call's history as the protocol shows it (conversation.item.retrieved)."""
+    if item.role == "user":
+        return (user_audio_item(item.item_id, item.text) if item.heard
+                else user_text_item(item.item_id, item.text))
+    if item.role == "tool":
+        return function_call_output_item(item.item_id, item.call_id or "", item.text)
+    if item.call_id is not None:  # the agent's call, kept as the Thinker writes it
+        call = json.loads(item.text)
+        return function_call_item(item.item_id, item.call_id, call["name"],
+                                  json.dumps(call["arguments"]), status)
+    return assistant_item(item.item_id, item.text, status, text_only)
+
+
 def function_call_output_item(item_id: str, call_id: str, output: str) -> dict[str, Any]:
     """What the client's function returned, for the call `call_id`."""
     return {"id": item_id, "object": "realtime.item", "type": "function_call_output",
@@ -249,9 +344,11 @@ def function_call_output_item(item_id: str, call_id: str, output: str) -> dict[s
 # -- responses --------------------------------------------------------------------------------
 
 
-def response_created(response_id: str, text_only: bool = False) -> Event:
+def response_created(response_id: str, text_only: bool = False,
+                     metadata: dict[str, str] | None = None) -> Event:
     """`response.created`: a reply began, with no output yet."""
-    response = response_object(response_id, "in_progress", [], text_only=text_only)
+    response = response_object(response_id, "in_progress", [], text_only=text_only,
+                               metadata=metadata)
     return server_event("response.created", response=response)
 
 

@@ -18,6 +18,7 @@ from agent.realtime.barge_in import BargeIn
 from agent.realtime.client_events import ClientEvents
 from agent.realtime.function_calls import SessionTools
 from agent.realtime.history import Conversation
+from agent.realtime.idle_timeout import IdleTimeout
 from agent.realtime.pauses import Pauses
 from agent.realtime.playback import Playback
 from agent.realtime.preemptive import PreemptiveReply
@@ -25,16 +26,21 @@ from agent.realtime.reply import Reply, State, done_events
 from agent.realtime.reply_events import on_pipeline_event
 from agent.realtime.server_events import (
     assistant_item,
-    conversation_item_created,
+    conversation_item_added,
     input_audio_buffer_committed,
+    input_audio_buffer_timeout_triggered,
+    item_added_and_done,
     new_id,
     output_item_added,
     response_created,
     session_object,
+    transcription_session_object,
     user_audio_item,
 )
 from agent.realtime.session_config import SavedConversation, SessionConfig
+from agent.realtime.transcribing import transcribe
 from agent.realtime.transport import AudioOutEnded, CallTransport
+from agent.realtime.voices import spoken_voice
 from media.vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
 from pipeline.events import Turn
 
@@ -49,11 +55,16 @@ class Session:
     def __init__(self, call: CallTransport, pipeline: Any, settings: ConversationSettings) -> None:
         self.call = call
         self.pipeline = pipeline
-        self.settings = settings.model_copy()
+        # The OpenAI names this session used and what each meant here (aliases.py).
+        self.aliases: dict[str, dict[str, str]] = {}
+        self.settings = settings.model_copy(update={"voice": self.spoken(settings.voice)})
+        if self.settings.voice != settings.voice:
+            self.aliased("voice", settings.voice, self.settings.voice)
         self.tools = call.tools
         self.conversation = Conversation(settings.instructions, settings.max_history_items)
         self.state = State.LISTENING
         self.reply: Reply | None = None
+        self.cancelling: Reply | None = None  # cut off, its requests still being aborted
         self._last_reply: Reply | None = None
         self._turns = 0
         # The caller's committed utterances that no reply has heard yet (audio, not history).
@@ -62,8 +73,12 @@ class Session:
         self.playback = Playback(self)
         self.pauses = Pauses(self)  # the reply started at the caller's pause, if any
         self.barge_in = BargeIn(self)
+        self.idle = IdleTimeout(self._idle_expired)
 
     def session_object(self) -> dict[str, Any]:
+        if self.settings.transcription_only:
+            return transcription_session_object(self.call.id, self.model_id, self.settings,
+                                                self.call.vad.config)
         return session_object(
             self.call.id, self.model_id, self.settings, self.call.vad.config,
             self.tools.tools_field(), self.tools.choice_field(),
@@ -74,6 +89,27 @@ class Session:
         """The model version the call talks to (`name@version`; a pin still to take over,
         once pinned), or the profile's name on a pipeline with no versions (a stand-in)."""
         return str(getattr(self.pipeline, "model_id", self.call.settings.profile))
+
+    def spoken(self, voice: str) -> str:
+        """The voice this call's model speaks when asked for `voice` (an alias resolved)."""
+        settings = self.call.settings
+        return spoken_voice(voice, self.pipeline, settings.aliases, settings.conversation.voice)
+
+    def aliased(self, kind: str, asked: str, meant: str) -> None:
+        """Keep (log, call record) that the session's `kind` name `asked` meant `meant` here."""
+        if self.aliases.get(kind) == {"asked": asked, "resolved": meant}:
+            return
+        self.aliases[kind] = {"asked": asked, "resolved": meant}
+        log.info("call %s: %s %r taken as %r (an alias)", self.call.id, kind, asked, meant)
+        self.call.records.call_aliases(self.call.id, self.aliases)
+
+    def serves(self, model_id: str) -> bool:
+        """Whether `model_id` names a model version served here (the call's name or version
+        on a pipeline with no versions, a stand-in)."""
+        serves = getattr(self.pipeline, "serves", None)
+        if serves is None:
+            return model_id in (self.model_id, self.call.settings.profile)
+        return bool(serves(model_id))
 
     def pin(self, model_id: str) -> None:
         """Talk to `model_id` from the next turn boundary (session.update); UnknownModelError
@@ -90,6 +126,7 @@ class Session:
     def apply(self, config: SessionConfig) -> None:
         """Run with `config` from now on (a `session.update` already checked)."""
         self.settings, self.tools = config.conversation, config.tools
+        self.idle.disarm()  # armed again once the next reply has played out
         self.conversation.instructions = config.conversation.instructions
         self.call.server_vad = config.conversation.server_vad
         if config.vad != self.call.vad.config:
@@ -131,6 +168,7 @@ class Session:
         return None
 
     def on_speech_started(self, event: SpeechStarted, item_id: str) -> None:
+        self.idle.disarm()
         self.pauses.discard()  # a new utterance: what began at a pause is not its reply
         self.barge_in.onset()
 
@@ -164,8 +202,13 @@ class Session:
         """The caller's utterance `pcm` (16 kHz) becomes a conversation item, answered now
         when the session creates responses itself."""
         self.call.send_event(input_audio_buffer_committed(item_id))
-        self.conversation.add(item_id, "user", "")
-        self.call.send_event(conversation_item_created(user_audio_item(item_id, None)))
+        self.conversation.add(item_id, "user", "", heard=True)
+        # Final as committed, as OpenAI's: the transcript follows in its own events.
+        for event in item_added_and_done(user_audio_item(item_id, None)):
+            self.call.send_event(event)
+        if self.settings.transcription_only:  # written down, never answered
+            self.call.spawn(transcribe(self, item_id, pcm))
+            return
         self._unanswered.append((item_id, pcm))
         if self.settings.create_response and self.settings.server_vad:  # else: response.create
             self.start_reply()
@@ -192,12 +235,13 @@ class Session:
 
     # -- replies --------------------------------------------------------------------------
 
-    def start_reply(self, text_only: bool | None = None,
-                    tools: SessionTools | None = None) -> Reply:
+    def start_reply(self, text_only: bool | None = None, tools: SessionTools | None = None,
+                    metadata: dict[str, str] | None = None) -> Reply:
         """Start a response to the conversation so far, hearing the caller's committed
         utterances that no reply has heard yet; in text alone if asked (else as the session
         says). With functions to call (the session's `tools`, or this response's), the Thinker
-        answers in JSON first (tool_answers.py)."""
+        answers in JSON first (tool_answers.py). `metadata`: the client's, given back."""
+        self.idle.disarm()
         audio, user_item_id = self._take_unanswered()
         text_only = self.settings.text_only if text_only is None else text_only
         tools = self.tools if tools is None else tools
@@ -211,12 +255,14 @@ class Session:
             turn_id=turn.turn_id,
             user_item_id=user_item_id,
             text_only=text_only,
+            metadata=metadata,
             started_at=asyncio.get_running_loop().time(),
             answers_in_json=turn.response_format is not None,
         )
         self.reply = reply
         self.state = State.THINKING
-        self.call.send_event(response_created(reply.response_id, reply.text_only))
+        self.call.send_event(response_created(reply.response_id, reply.text_only,
+                                              reply.metadata))
         if not reply.answers_in_json:
             self.announce(reply)
         with log_context(turn_id=reply.turn_id):  # the reply's tasks log as its turn's
@@ -249,7 +295,7 @@ class Session:
         self.conversation.add(reply.item_id, "assistant", "")
         item = assistant_item(reply.item_id, "", "in_progress", reply.text_only)
         self.call.send_event(output_item_added(reply.response_id, item))
-        self.call.send_event(conversation_item_created(item))
+        self.call.send_event(conversation_item_added(item))
 
     def _take_unanswered(self) -> tuple[np.ndarray | None, str | None]:
         """The unanswered utterances as one audio, and the item the transcript belongs to."""
@@ -310,6 +356,8 @@ class Session:
         if reply.finished:
             return
         reply.finished = True
+        if self.cancelling is reply:
+            self.cancelling = None
         self.call.metrics.turn_ended(status, reply.usage)
         transcript = reply.text if text is None else text
         item = self.conversation.get(reply.item_id)
@@ -331,6 +379,25 @@ class Session:
             self.state = State.SPEAKING if audible else State.LISTENING
         if status == "completed" and not audible:
             self.playback.stopped(reply)
+        if self.reply is None and not audible:
+            self.fell_silent()
+
+    def fell_silent(self) -> None:
+        """The agent's last reply has played out: the caller's idle time starts."""
+        if self.settings.server_vad:
+            self.idle.arm(self.settings.idle_timeout_ms)
+
+    def _idle_expired(self, idle_ms: int) -> None:
+        """The caller stayed silent `idle_ms` after the agent: say so, and answer anyway."""
+        if self.reply is not None or self.call.vad.in_speech or self.audible_reply():
+            return
+        item_id, end_ms = new_id("item"), self.call.vad.position_ms
+        self.call.send_event(input_audio_buffer_timeout_triggered(
+            item_id, max(0, end_ms - idle_ms), end_ms))
+        self.conversation.add(item_id, "user", "", heard=True)
+        for event in item_added_and_done(user_audio_item(item_id, "")):
+            self.call.send_event(event)
+        self.start_reply()
 
     def cancel_reply(
         self, reason: str = "client_cancelled", audio_end_ms: int | None = None
@@ -341,7 +408,7 @@ class Session:
         reply = self.reply
         if reply is None:
             return False
-        self.reply = None
+        self.reply, self.cancelling = None, reply
         self.state = State.LISTENING
         self.playback.silence(reply, audio_end_ms)
         self.call.metrics.cancels.labels(reason).inc()
@@ -358,6 +425,7 @@ class Session:
         self.finish(reply, "cancelled", reason=reason, text=self.heard(reply))
 
     async def aclose(self) -> None:
+        self.idle.disarm()
         self.barge_in.close()
         await self.pauses.aclose()
         if self.reply is not None:

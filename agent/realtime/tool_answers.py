@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from agent.guided.functions import FunctionCall, call_text, read_answer
 from agent.realtime.reply import Reply
 from agent.realtime.server_events import (
-    conversation_item_created,
+    conversation_item_added,
     function_call_arguments_delta,
     function_call_arguments_done,
     function_call_item,
@@ -50,7 +50,7 @@ def announce_call(session: Session, reply: Reply, call: FunctionCall) -> None:
     session.conversation.add(item_id, "assistant", call_text(call.name, call.arguments),
                              call_id=call.call_id)
     item = function_call_item(item_id, call.call_id, call.name, "", "in_progress")
-    for event in (output_item_added(response_id, item), conversation_item_created(item),
+    for event in (output_item_added(response_id, item), conversation_item_added(item),
                   function_call_arguments_delta(response_id, item_id, call.call_id,
                                                 call.arguments),
                   function_call_arguments_done(response_id, item_id, call.call_id, call.name,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.config import AliasSettings
+from agent.realtime.aliases import voice_of
 from agent.realtime.session_config import SessionConfigError
 from pipeline.families.voices import family_voices
 
@@ -18,12 +20,22 @@ class UnknownVoiceError(SessionConfigError):
     param = VOICE_PARAM
 
 
-def unknown_voice(voice: str, pipeline: Any) -> str | None:
-    """Why `voice` cannot be spoken by `pipeline` (a call's binding or a bare pipeline), or
-    None when it can, or when only the loaded release knows its voices (a stand-in pipeline
-    with no settings included)."""
+def voices_of(pipeline: Any) -> tuple[str, ...] | None:
+    """The voices `pipeline` (a call's binding or a bare pipeline) speaks, or None when only
+    the loaded release knows them (a stand-in pipeline with no settings included)."""
     family = getattr(getattr(pipeline, "settings", None), "family", None)
-    voices = family_voices(family) if isinstance(family, str) else None
+    return family_voices(family) if isinstance(family, str) else None
+
+
+def spoken_voice(voice: str, pipeline: Any, aliases: AliasSettings, server_voice: str) -> str:
+    """The voice `pipeline` speaks when asked for `voice` (an alias resolved: aliases.py)."""
+    return voice_of(aliases, voice, voices_of(pipeline), server_voice)
+
+
+def unknown_voice(voice: str, pipeline: Any) -> str | None:
+    """Why `voice` cannot be spoken by `pipeline`, or None when it can or when only the loaded
+    release knows its voices."""
+    voices = voices_of(pipeline)
     if voices is None or voice in voices:
         return None
     return f"voice {voice!r} is not one of this model's voices: {', '.join(voices)}"

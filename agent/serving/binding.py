@@ -41,6 +41,10 @@ class VersionBinding:
     def settings(self) -> Any:
         return self.served.pipeline.settings
 
+    def serves(self, model_id: str) -> bool:
+        """Whether `model_id` names a version this server serves (`name` or `name@version`)."""
+        return self.models.resolve(model_id) is not None
+
     def pin(self, model_id: str) -> None:
         """Talk to `model_id` from the next turn boundary; UnknownModelError if not served."""
         served = self.models.resolve(model_id)

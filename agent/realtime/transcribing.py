@@ -1,0 +1,59 @@
+"""A transcription session (`session.type: "transcription"`): each utterance the VAD commits is
+written down by the model's own recogniser and told as transcription events; nothing answers."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from agent.realtime.server_events import (
+    input_audio_transcription_completed,
+    input_audio_transcription_delta,
+    input_audio_transcription_failed,
+)
+from pipeline.events import Transcript, Turn, TurnDone, TurnFailed
+from pipeline.families import load_family
+
+if TYPE_CHECKING:
+    from agent.realtime.session import Session
+
+log = logging.getLogger(__name__)
+
+
+def writes_speech_down(pipeline: object) -> bool:
+    """Whether the family behind `pipeline` recognises speech (transcriptions), or None-like
+    False when the pipeline names no family (a stand-in)."""
+    family = getattr(getattr(pipeline, "settings", None), "family", None)
+    return isinstance(family, str) and bool(
+        getattr(load_family(family), "RECOGNISES_SPEECH", False))
+
+
+async def transcribe(session: Session, item_id: str, pcm: np.ndarray) -> None:
+    """Hear the utterance `item_id` and tell what was said (or that it could not be heard)."""
+    turn_id = f"{item_id}-heard"
+    turn = Turn(turn_id, [], audio=pcm, call_id=session.call.id, speak=False, transcribe=True)
+    heard: str | None = None
+    finished = False
+    try:
+        async for event in session.pipeline.respond(turn):
+            if isinstance(event, Transcript):
+                heard = event.text
+            elif isinstance(event, TurnFailed):
+                finished = True
+                log.warning("call %s: %s not heard: %s", session.call.id, item_id, event.error)
+                session.call.send_event(input_audio_transcription_failed(
+                    item_id, str(event.error)))
+                return
+            elif isinstance(event, TurnDone):
+                finished = True
+    finally:
+        if not finished:  # the call ended first: the recogniser lets go of it too
+            await session.pipeline.cancel(turn_id)
+    text = heard or ""
+    item = session.conversation.get(item_id)
+    if item is not None:
+        item.text = text
+    session.call.send_event(input_audio_transcription_delta(item_id, text))
+    session.call.send_event(input_audio_transcription_completed(item_id, text))
