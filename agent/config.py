@@ -49,6 +49,9 @@ class ConversationSettings(BaseModel):
     transcription_only: bool = Field(
         False, description="a transcription session (session.type transcription): the caller's "
                            "speech is written down, never answered")
+    truncation: Literal["auto", "disabled"] | float = Field(
+        "auto", description="a history too long for the Thinker's window: auto (the oldest "
+                            "turns go, in steps), disabled (the turn fails), or the share kept")
     idle_timeout_ms: int | None = Field(
         None, ge=1000, description="server_vad: answer anyway after this much silence from the "
                                    "caller once the agent's last reply played out")

@@ -25,6 +25,9 @@ class Turn:
     recite: str | None = None  # the reply is this text, voiced as written (speech synthesis)
     transcribe: bool = False  # only hear `audio`: a Transcript, then TurnDone (no reply)
     score_end_of_turn: bool = False  # the Transcript says how likely the turn is over
+    # How a history too long for the Thinker's window is cut: "auto", "disabled" or a
+    # retention ratio (pipeline/families/context_window.py)
+    truncation: str | float = "auto"
 
 
 @dataclass(frozen=True)

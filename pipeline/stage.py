@@ -48,6 +48,8 @@ class ThinkerJob(msgspec.Struct, frozen=True, tag="thinker_job"):
     # Also say how likely the transcript is a whole turn (ThinkerOutput.end_of_turn), for
     # families that can tell; the others leave it None.
     score_end_of_turn: bool = False
+    # How a history too long for the window is cut (pipeline/families/context_window.py)
+    truncation: str | float = "auto"
 
 
 class ThinkerOutput(msgspec.Struct, frozen=True, tag="thinker_out"):

@@ -192,7 +192,8 @@ class TurnRun:
             job = ThinkerJob(self.request_id("thinker", 0), turn.messages, audio, turn.max_tokens,
                              turn.response_format, embeds=chunks is not None,
                              recite=turn.recite, transcribe=turn.transcribe,
-                             score_end_of_turn=turn.score_end_of_turn)
+                             score_end_of_turn=turn.score_end_of_turn,
+                             truncation=turn.truncation)
             async with self._stream("thinker", job) as outputs:
                 async for out in outputs:
                     assert isinstance(out, ThinkerOutput)  # a stage answers its own jobs

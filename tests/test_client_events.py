@@ -395,3 +395,28 @@ async def test_a_reply_just_cut_off_is_truncated_while_its_requests_abort(
     assert done["output"][0]["content"][0]["transcript"] == ""  # nothing was heard, it says
     assert not caller.of_type("error"), caller.of_type("error")
     assert_valid_events(caller)
+
+
+async def test_a_reply_cut_off_ends_before_the_next_one_begins(
+    tiny_server: Served, caller: RtcCaller
+) -> None:
+    """A response.create right behind a cancel: the cut reply's response.done goes out before
+    the next response.created, as OpenAI orders them (LiveKit's plugin closes its current
+    generation on any response.done), though its requests may still be aborting."""
+    long_replies(caller)
+    say(caller, "Tell me a long story.")
+    await caller.wait_for("output_audio_buffer.started", timeout=60)
+    caller.send({"type": "response.cancel"})
+    caller.send({"type": "response.create"})
+    await caller.wait_for("response.created", count=2, timeout=10)
+    first, second = (e["response"]["id"] for e in caller.of_type("response.created"))
+    order = [(e["type"], e["response"]["id"]) for _, e in caller.events
+             if e["type"] in ("response.created", "response.done")]
+    assert order[:3] == [("response.created", first), ("response.done", first),
+                         ("response.created", second)], order
+    assert caller.of_type("response.done")[0]["response"]["status"] == "cancelled"
+    caller.send({"type": "response.cancel"})
+    await caller.wait_for("response.done", count=2, timeout=30)
+    await wait_until(lambda: session_of(tiny_server, caller).cancelling is None, 30,
+                     "the second reply's aborts to end")
+    assert_valid_events(caller)

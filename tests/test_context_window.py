@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from pipeline.families.context_window import (
+    DISABLED,
     MIN_REPLY_TOKENS,
     fit_history,
     reply_budget,
@@ -71,3 +72,25 @@ def test_the_trimmed_history_keeps_its_start_while_it_grows() -> None:
     # start moves once in 8-9 turns, where trimming just enough would move it every turn.
     moves = sum(a != b for a, b in itertools.pairwise(firsts))
     assert firsts[0] == "0" and 4 <= moves <= 7, firsts
+
+
+def test_a_retention_ratio_keeps_that_share_of_the_room_and_disabled_keeps_all() -> None:
+    system = {"role": "system", "content": "s"}
+
+    def measure(messages: list[dict[str, str]]) -> int:
+        return 10 + 30 * (len(messages) - 1)  # a 10-token system prompt, 30 tokens a turn
+
+    turns = [{"role": "user", "content": str(i)} for i in range(80)]  # 2,410 > 2,048
+    room = wanted_room(512, 2048)
+    for share in (0.25, 0.5, 0.8):
+        kept = fit_history([system, *turns], measure, 512, 2048, truncation=share)
+        allowed = 10 + share * (2048 - room - 10)
+        assert allowed - 30 < measure(kept) <= allowed, (share, measure(kept))  # just under
+        assert kept[-1] == turns[-1] and kept[0] == system  # the newest stay, the system too
+    auto = fit_history([system, *turns], measure, 512, 2048)
+    assert measure(auto) > measure(fit_history([system, *turns], measure, 512, 2048,
+                                                truncation=0.8))
+    assert fit_history([system, *turns], measure, 512, 2048, truncation=DISABLED) == [
+        system, *turns]  # nothing dropped: the reply's budget then refuses the prompt
+    with pytest.raises(ValueError, match="leaves"):
+        reply_budget(measure([system, *turns]), 512, 2048)

@@ -60,7 +60,8 @@ UNSERVED: dict[str, dict[str, Any]] = {
     "include": {"include": ["item.input_audio_transcription.logprobs"]},
     "prompt": {"prompt": {"id": "pmpt_1"}},
     "reasoning": {"reasoning": {"effort": "low"}},
-    "truncation": {"truncation": "disabled"},
+    "truncation": {"truncation": {"type": "retention_ratio", "retention_ratio": 0.5,
+                                  "token_limits": {"post_instructions": 1000}}},
 }
 
 

@@ -182,14 +182,16 @@ class BenchCaller:
         self.mic.say(pcm)
         return self.utterance
 
-    def _mic_changed(self, playing: bool) -> None:
-        now, utterance = time.monotonic(), self.utterance
+    def _mic_changed(self, playing: bool, at: float) -> None:
+        """The microphone's speech started or ended at `at` (monotonic, on the media timeline:
+        the edge frame's due time, however late it was sent)."""
+        utterance = self.utterance
         if utterance is None:
             return
         if playing and utterance.onset is None:
-            utterance.onset = now
+            utterance.onset = at
         elif not playing and utterance.onset is not None and utterance.end is None:
-            utterance.end = now - utterance.padding_s
+            utterance.end = at - utterance.padding_s
             self.speech_ended_at = utterance.end
         self._notify()
 

@@ -87,11 +87,12 @@ def packet_cache() -> PacketCache:
 
 class PacketMicrophone(MediaStreamTrack):
     """The light caller's voice: pre-encoded Opus packets on an absolute 20 ms clock, the
-    utterance's or silence's; `on_edge(True/False)` when speech starts or ends."""
+    utterance's or silence's; `on_edge(True/False, at)` when speech starts or ends, `at` the
+    edge's frame's due time."""
 
     kind = "audio"
 
-    def __init__(self, on_edge: Callable[[bool], None], silence: bytes) -> None:
+    def __init__(self, on_edge: Callable[[bool, float], None], silence: bytes) -> None:
         super().__init__()
         self.on_edge = on_edge
         self.silence = silence
@@ -110,10 +111,10 @@ class PacketMicrophone(MediaStreamTrack):
         payload = self._pending.popleft() if self._pending else None
         if payload is not None and not self._speaking:
             self._speaking = True
-            self.on_edge(True)
+            self.on_edge(True, self._clock.due)
         elif payload is None and self._speaking:
             self._speaking = False
-            self.on_edge(False)
+            self.on_edge(False, self._clock.due)
         packet = av.Packet(payload or self.silence)
         packet.pts, packet.time_base = index * (OPUS_RATE // 50), _TIME_BASE
         return packet

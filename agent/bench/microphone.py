@@ -41,29 +41,34 @@ class FrameClock:
     def __init__(self) -> None:
         self._start: float | None = None
         self.index = 0
+        # When the current frame was due (monotonic): where it lies on the media timeline. A
+        # frame sent late (a busy loop) is still due then, and the server cannot have it
+        # sooner: an utterance's edges are stamped with this, never with when it was sent.
+        self.due = 0.0
 
     async def tick(self) -> int:
         """Wait for the next frame's time; its index."""
         now = time.monotonic()
         if self._start is None:
-            self._start = now
+            self._start = self.due = now
             return self.index
         self.index += 1
-        due = self._start + self.index * 0.02
-        if now - due > MAX_LAG_S:
-            self._start = now - self.index * 0.02
-        elif due > now:
-            await asyncio.sleep(due - now)
+        self.due = self._start + self.index * 0.02
+        if now - self.due > MAX_LAG_S:
+            self._start, self.due = now - self.index * 0.02, now
+        elif self.due > now:
+            await asyncio.sleep(self.due - now)
         return self.index
 
 
 class Microphone(MediaStreamTrack):
     """The caller's voice as an aiortc track: 20 ms frames of 16 kHz mono on an absolute clock,
-    the utterance being said or silence; `on_edge(True/False)` when speech starts or ends."""
+    the utterance being said or silence; `on_edge(True/False, at)` when speech starts or ends,
+    `at` the edge's frame's due time (FrameClock.due)."""
 
     kind = "audio"
 
-    def __init__(self, on_edge: Callable[[bool], None]) -> None:
+    def __init__(self, on_edge: Callable[[bool, float], None]) -> None:
         super().__init__()
         self.on_edge = on_edge
         self._pending = np.zeros(0, np.int16)
@@ -81,10 +86,10 @@ class Microphone(MediaStreamTrack):
         chunk, self._pending = self._pending[:MIC_FRAME], self._pending[MIC_FRAME:]
         if chunk.size and not self._speaking:
             self._speaking = True
-            self.on_edge(True)
+            self.on_edge(True, self._clock.due)
         elif not chunk.size and self._speaking:
             self._speaking = False
-            self.on_edge(False)
+            self.on_edge(False, self._clock.due)
         if chunk.size < MIC_FRAME:
             chunk = np.pad(chunk, (0, MIC_FRAME - chunk.size))
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")

@@ -62,7 +62,7 @@ async def _connect(payload: bytes, counts: list[int]) -> tuple[RTCPeerConnection
     its packets in an entry of its own, appended to `counts`."""
     pcs = RTCPeerConnection(), RTCPeerConnection()
     for pc in pcs:
-        pc.addTrack(PacketMicrophone(lambda speaking: None, payload))
+        pc.addTrack(PacketMicrophone(lambda speaking, at: None, payload))
 
         @pc.on("track")
         def taken(track: MediaStreamTrack, pc: RTCPeerConnection = pc) -> None:

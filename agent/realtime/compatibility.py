@@ -114,8 +114,10 @@ SESSION_FIELDS: dict[str, Support] = {
     "tool_choice": served("auto, none, required or one function"),
     "parallel_tool_calls": not_applicable("the Thinker makes one call a response"),
     "truncation": served("auto: the oldest turns give way, in steps of an eighth of the "
-                         "Thinker's context window, before a turn would not fit (and past "
-                         "max_history_items); disabled and retention_ratio refused (not yet)"),
+                         "Thinker's context window, before a turn would not fit; "
+                         "retention_ratio: down to that share of the room; disabled: an "
+                         "over-long turn fails; token_limits refused (the window is the "
+                         "limit); max_history_items bounds the history in any case"),
     "audio.input.format": served("audio/pcm at 24 kHz; G.711 (audio/pcmu, audio/pcma, 8 kHz) "
                                  "on WebSocket calls; refused on WebRTC (Opus media)"),
     "audio.input.transcription": served("always on: the model's own recogniser; OpenAI's "

@@ -54,6 +54,7 @@ class Reply:
     audio_state: str = "idle"  # idle -> started -> stopped (the output audio buffer's events)
     underruns: int = 0  # the queue ran dry mid-reply (the next chunk came late)
     cut_ms: int | None = None  # the audio was cut here: what was heard no longer grows
+    cancel_reason: str | None = None  # why it was cut off (its response.done says so)
     # Function calling (function_calls.py): the Thinker answers in JSON first, read whole; its
     # message item is announced only once the answer is words (then voiced by `follow_up`).
     answers_in_json: bool = False

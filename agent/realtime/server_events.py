@@ -53,9 +53,17 @@ def session_object(
                        "voice": conversation.voice},
         },
         "max_output_tokens": conversation.max_reply_tokens,
+        "truncation": truncation_field(conversation.truncation),
         "tools": tools or [],
         "tool_choice": tool_choice,
     }
+
+
+def truncation_field(truncation: str | float) -> str | dict[str, Any]:
+    """A session's `truncation`: auto, disabled, or its retention ratio."""
+    if isinstance(truncation, str):
+        return truncation
+    return {"type": "retention_ratio", "retention_ratio": truncation}
 
 
 def audio_format(name: str | None) -> dict[str, Any]:

@@ -241,6 +241,11 @@ class Session:
         utterances that no reply has heard yet; in text alone if asked (else as the session
         says). With functions to call (the session's `tools`, or this response's), the Thinker
         answers in JSON first (tool_answers.py). `metadata`: the client's, given back."""
+        if self.cancelling is not None:
+            # Its response.done goes first, as the protocol orders them (LiveKit's plugin takes
+            # any response.done for its current response); its aborts go on meanwhile.
+            cut = self.cancelling
+            self.finish(cut, "cancelled", reason=cut.cancel_reason, text=self.heard(cut))
         self.idle.disarm()
         audio, user_item_id = self._take_unanswered()
         text_only = self.settings.text_only if text_only is None else text_only
@@ -287,6 +292,7 @@ class Session:
             response_format=answer_format,
             speak=not text_only and not in_json,
             score_end_of_turn=self.settings.eagerness is not None and audio is not None,
+            truncation=self.settings.truncation,
         )
 
     def announce(self, reply: Reply) -> None:
@@ -409,6 +415,7 @@ class Session:
         if reply is None:
             return False
         self.reply, self.cancelling = None, reply
+        reply.cancel_reason = reason
         self.state = State.LISTENING
         self.playback.silence(reply, audio_end_ms)
         self.call.metrics.cancels.labels(reason).inc()

@@ -78,6 +78,12 @@ def configure(update: Any, current: SessionConfig, configured_vad: VadConfig) ->
     if "noise_reduction" in getattr(audio_in, "model_fields_set", ()):  # null turns it off
         _noise_reduction(getattr(audio_in, "noise_reduction", None), conversation)
     detection = getattr(audio_in, "turn_detection", None)
+    truncation = getattr(update, "truncation", None)
+    if truncation is not None:  # "auto", "disabled", or a retention ratio's share kept
+        kept = getattr(truncation, "retention_ratio", truncation)
+        if isinstance(kept, float) and not 0.0 < kept <= 1.0:
+            _refuse("truncation", "retention_ratio must be over 0 and at most 1")
+        conversation.truncation = kept
     max_tokens = getattr(update, "max_output_tokens", None)
     if max_tokens is not None:
         if max_tokens != "inf" and not 1 <= max_tokens <= MAX_REPLY_TOKENS:
@@ -120,9 +126,9 @@ def refuse_unserved(update: Any) -> None:
             _refuse(name, "not served: send instructions")
     if getattr(update, "include", None):
         _refuse("include", "transcription logprobs are not returned")
-    truncation = getattr(update, "truncation", None)
-    if truncation is not None and truncation != "auto":
-        _refuse("truncation", "only auto is served (the oldest items give way)")
+    limits = getattr(getattr(update, "truncation", None), "token_limits", None)
+    if getattr(limits, "post_instructions", None) is not None:
+        _refuse("truncation", "token_limits: the Thinker's own context window is the limit")
     audio = getattr(update, "audio", None)
     audio_in, audio_out = getattr(audio, "input", None), getattr(audio, "output", None)
     for side, part in (("input", audio_in), ("output", audio_out)):

@@ -14,6 +14,11 @@ logger = logging.getLogger(__name__)
 MIN_REPLY_TOKENS = 16
 # The history is trimmed in steps of the window divided by this (see fit_history).
 TRIM_STEPS = 8
+# How a history too long for the window is cut (OpenAI Realtime's session `truncation`): "auto",
+# in steps; "disabled", never (the turn then fails); a float, the share of the room the history
+# may fill that is kept (OpenAI's retention_ratio).
+Truncation = str | float
+AUTO, DISABLED = "auto", "disabled"
 
 
 def reply_budget(prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:
@@ -36,25 +41,33 @@ def wanted_room(max_tokens: int, max_model_len: int) -> int:
 
 
 def fit_history(messages: list[dict[str, str]], length: Callable[[list[dict[str, str]]], int],
-                max_tokens: int, max_model_len: int, keep: int = 1) -> list[dict[str, str]]:
+                max_tokens: int, max_model_len: int, keep: int = 1,
+                truncation: Truncation = AUTO) -> list[dict[str, str]]:
     """The messages to prompt with: after the system message, the oldest turns go while the
     prompt (`length` of the messages) leaves less than `wanted_room` for the reply; the newest
     `keep` turns always stay (0 when the caller's audio is the newest turn).
 
-    The turns go in steps of an eighth of the window (TRIM_STEPS): what is dropped is the
+    AUTO: the turns go in steps of an eighth of the window (TRIM_STEPS): what is dropped is the
     excess rounded up to a whole step, so the next turns, each a little longer, drop the very
     same turns until the excess passes the next step. The prompt's start then stays
     token-identical from turn to turn and the engine's prefix cache keeps serving it; dropping
-    just enough each turn would change it every turn and prefill the whole history again."""
+    just enough each turn would change it every turn and prefill the whole history again.
+    A retention ratio instead drops turns until the history fills at most that share of the
+    room it may fill (the window less the reply's room and the system message); DISABLED drops
+    none (reply_budget then refuses the prompt)."""
     head = messages[:1] if messages and messages[0].get("role") == "system" else []
     turns = messages[len(head):]
     room = wanted_room(max_tokens, max_model_len)
     whole = length(head + turns)
     excess = whole + room - max_model_len
-    if excess <= 0:
+    if excess <= 0 or truncation == DISABLED:
         return head + turns
-    step = max(1, max_model_len // TRIM_STEPS)
-    limit = whole - -(-excess // step) * step  # the excess rounded up to a whole step
+    if isinstance(truncation, float):
+        system = length(head) if head else 0
+        limit = system + int(truncation * (max_model_len - room - system))
+    else:
+        step = max(1, max_model_len // TRIM_STEPS)
+        limit = whole - -(-excess // step) * step  # the excess rounded up to a whole step
     dropped = 0
     while len(turns) > keep and length(head + turns) > limit:
         turns = turns[1:]

@@ -148,7 +148,8 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
                     yield heard
                     heard = None
                 messages.append({"role": "user", "content": transcript})
-            prompt = await self.prompting.run(self.prompt_ids, messages, job.max_tokens)
+            prompt = await self.prompting.run(self.prompt_ids, messages, job.max_tokens,
+                                              job.truncation)
             if rid in self.aborted:
                 if heard is not None:  # the caller's words are kept, unscored
                     yield heard
@@ -225,12 +226,13 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         return [messages[0], *self.examples, *messages[1:]]
 
-    def prompt_ids(self, messages: list[dict[str, str]], max_tokens: int) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, str]], max_tokens: int,
+                   truncation: str | float = "auto") -> list[int]:
         """The chat-templated prompt's token ids, the examples after the system message; the
-        oldest turns (the examples first) go when it is too long."""
+        oldest turns (the examples first) go when it is too long, as `truncation` says."""
         messages = self._with_examples(messages)
         fitted = fit_history(messages, lambda m: len(self._template_ids(m)), max_tokens,
-                             self.max_model_len)
+                             self.max_model_len, truncation=truncation)
         return self._template_ids(fitted)
 
     def _template_ids(self, messages: list[dict[str, str]]) -> list[int]:

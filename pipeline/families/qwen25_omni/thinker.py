@@ -222,7 +222,7 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         # The oldest turns go when the history is too long; the caller's audio always stays.
         fitted = fit_history(list(job.messages), lambda m: self.prompts.length(m, rows),
                              job.max_tokens, self.max_model_len,
-                             keep=0 if rows is not None else 1)
+                             keep=0 if rows is not None else 1, truncation=job.truncation)
         return self.prompts.embed(self.prompts.token_ids(fitted, rows), features)
 
     async def stop(self) -> None:

@@ -89,16 +89,16 @@ class TinyThinker(EngineStage[ThinkerJob, ThinkerOutput]):
         """The job's prompt, its audio read in place (released once the prompt is built: the
         prompt is a new tensor); in the torch thread."""
         if job.audio is None:
-            return self._prompt(job.messages, None, job.max_tokens)
+            return self._prompt(job, None)
         with self.ctx.read_tensors([job.audio]) as audio:
             assert isinstance(audio, np.ndarray)  # blocks alone are read as a numpy view
-            return self._prompt(job.messages, audio, job.max_tokens)
+            return self._prompt(job, audio)
 
-    def _prompt(self, messages: list[dict[str, str]], audio: np.ndarray | None,
-                max_tokens: int) -> torch.Tensor:
+    def _prompt(self, job: ThinkerJob, audio: np.ndarray | None) -> torch.Tensor:
         """The prompt embeddings; the oldest turns go when the history is too long."""
-        fitted = fit_history(list(messages), lambda m: len(self.prompts.build(m, audio)),
-                             max_tokens, self.max_model_len, keep=0 if audio is not None else 1)
+        fitted = fit_history(list(job.messages), lambda m: len(self.prompts.build(m, audio)),
+                             job.max_tokens, self.max_model_len,
+                             keep=0 if audio is not None else 1, truncation=job.truncation)
         return self.prompts.build(fitted, audio)
 
     def _sampling(self, job: ThinkerJob, max_tokens: int) -> Sampling:
