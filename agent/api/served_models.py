@@ -23,7 +23,7 @@ from agent.ops.readiness import Readiness
 from agent.serving.binding import unknown_model
 from agent.serving.registry import ModelRegistry, ServedVersion
 from pipeline.engine_range import ENGINES
-from pipeline.families import load_family
+from pipeline.families import recognises_speech
 from pipeline.families.build_support import MANIFEST
 from pipeline.model_versions import built_manifest
 
@@ -56,7 +56,7 @@ class ServedModel:
     @property
     def recognises_speech(self) -> bool:
         """Whether its family writes what a speaker said (transcriptions)."""
-        return bool(getattr(load_family(self.served.family), "RECOGNISES_SPEECH", False))
+        return recognises_speech(self.served.family)
 
     def build(self) -> dict[str, Any]:
         """Its family, checkpoint directory, checksum and engine range (null while not built)."""

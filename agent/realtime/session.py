@@ -420,16 +420,16 @@ class Session:
         self.playback.silence(reply, audio_end_ms)
         self.call.metrics.cancels.labels(reason).inc()
         with log_context(turn_id=reply.turn_id):
-            self.call.spawn(self._abort(reply, reason))
+            self.call.spawn(self._abort(reply))
         return True
 
-    async def _abort(self, reply: Reply, reason: str) -> None:
+    async def _abort(self, reply: Reply) -> None:
         await self.pipeline.cancel(reply.turn_id)
         if reply.task is not None and reply.task is not asyncio.current_task():
             reply.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reply.task
-        self.finish(reply, "cancelled", reason=reason, text=self.heard(reply))
+        self.finish(reply, "cancelled", reason=reply.cancel_reason, text=self.heard(reply))
 
     async def aclose(self) -> None:
         self.idle.disarm()

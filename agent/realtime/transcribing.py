@@ -14,7 +14,7 @@ from agent.realtime.server_events import (
     input_audio_transcription_failed,
 )
 from pipeline.events import Transcript, Turn, TurnDone, TurnFailed
-from pipeline.families import load_family
+from pipeline.families import recognises_speech
 
 if TYPE_CHECKING:
     from agent.realtime.session import Session
@@ -23,11 +23,10 @@ log = logging.getLogger(__name__)
 
 
 def writes_speech_down(pipeline: object) -> bool:
-    """Whether the family behind `pipeline` recognises speech (transcriptions), or None-like
-    False when the pipeline names no family (a stand-in)."""
+    """Whether the family behind `pipeline` writes speech down (transcriptions); False for a
+    pipeline that names no family (a stand-in)."""
     family = getattr(getattr(pipeline, "settings", None), "family", None)
-    return isinstance(family, str) and bool(
-        getattr(load_family(family), "RECOGNISES_SPEECH", False))
+    return isinstance(family, str) and recognises_speech(family)
 
 
 async def transcribe(session: Session, item_id: str, pcm: np.ndarray) -> None:

@@ -28,6 +28,11 @@ def load_family(name: str) -> ModuleType:
     return module
 
 
+def recognises_speech(name: str) -> bool:
+    """Whether the family `name` writes down what a speaker said (transcriptions)."""
+    return bool(getattr(load_family(name), "RECOGNISES_SPEECH", False))
+
+
 def exports_on_first_use(package: str, names: Sequence[str],
                          module: str = "family") -> Callable[[str], Any]:
     """A family package's `__getattr__`: `names` (`STAGES` and its stage classes) imported from
