@@ -60,11 +60,12 @@ models: setup
 	$(BIN)/omnivox models build $(PROFILE)
 
 # Style, then the architecture: the import contracts in pyproject.toml ([tool.importlinter]),
-# then the types of media, pipeline and agent ([tool.mypy]).
+# then the types of media, pipeline, agent and the tests' helper modules (every tests/ file but
+# the test_*.py ones): what a plain `mypy` checks ([tool.mypy] files and exclude).
 lint: setup
 	$(BIN)/ruff check agent media pipeline tests
 	$(BIN)/lint-imports
-	$(BIN)/mypy media pipeline agent
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -21,27 +21,27 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 
 from agent.api import auth
-from agent.api.call_workers_route import front_router, worker_router
 from agent.api.chat_completions import router as chat_completions_router
 from agent.api.completion_slots import CompletionSlots
 from agent.api.models_route import router as models_router
-from agent.api.realtime_ws import router as realtime_ws_router
 from agent.api.records_route import router as records_router
 from agent.api.rollout_route import router as rollout_router
 from agent.api.served_models import served_version
-from agent.api.signalling import router as signalling_router
 from agent.api.speech import router as speech_router
 from agent.api.transcription import router as transcription_router
 from agent.api.version_route import router as version_router
 from agent.api.version_route import versions
+from agent.calls.admission import Admission, AdmissionLimits
 from agent.calls.call import Call, HandlerFactory
+from agent.calls.readiness import Readiness
+from agent.calls.realtime_ws import router as realtime_ws_router
 from agent.calls.registry import CallRegistry, announce_stage_failures
+from agent.calls.signalling import router as signalling_router
 from agent.calls.workers import CallWorkers, exit_with_front
+from agent.calls.workers_route import front_router, worker_router
 from agent.config import Settings
-from agent.ops.admission import Admission, AdmissionLimits
 from agent.ops.metrics import Metrics
 from agent.ops.metrics import router as metrics_router
-from agent.ops.readiness import Readiness
 from agent.ops.records import CallRecords
 from agent.profiles import with_profile_aliases
 from agent.realtime.session import Session

@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from agent.config import Settings, add_setting_flags, env_name
 from agent.ops import logs
+
+if TYPE_CHECKING:
+    from pipeline.model_version import ModelVersion
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -146,7 +149,7 @@ def serve(args: argparse.Namespace, settings: Settings) -> int:
 
     settings = served_after_restart(settings)  # what the last rollout left as the default
     pipeline = build_pipeline(settings, pipeline_overrides(args))
-    check_served_version(pipeline.settings.family, pipeline.settings.models_dir)
+    check_served_version(pipeline.settings.family, pipeline.settings.version)
     if pipeline.settings.model_path is not None:
         check_real_weights(pipeline.settings.family, pipeline.settings.model_path)
     check_device(settings)
@@ -172,10 +175,10 @@ def call_worker(args: argparse.Namespace, _: Settings) -> int:
     return 0
 
 
-def check_served_version(family: str, root: Path) -> None:
+def check_served_version(family: str, version: ModelVersion) -> None:
     """Before serving: the version is built (or version 1, built on first use) and its engine
     range admits the running engines; the server checks its files as it loads it."""
-    from pipeline.model_versions import (
+    from pipeline.version_checks import (
         ModelVersionError,
         built_manifest,
         check_engines,
@@ -185,11 +188,11 @@ def check_served_version(family: str, root: Path) -> None:
     if "." in family:
         return
     try:
-        manifest = built_manifest(root, family)
+        manifest = built_manifest(version, family)
         if manifest is None:
-            verify_version(family, root)  # refuses a version > 1 that is not built
+            verify_version(family, version)  # refuses a version > 1 that is not built
         else:
-            check_engines(family, root, manifest)
+            check_engines(family, version, manifest)
     except ModelVersionError as exc:
         raise CommandLineError(str(exc)) from None
 
@@ -235,13 +238,13 @@ def retire_model(args: argparse.Namespace, settings: Settings) -> int:
 def build_models(args: argparse.Namespace, settings: Settings) -> int:
     from agent.profiles import load_profiles
     from pipeline.families import load_family
-    from pipeline.model_versions import (
+    from pipeline.model_version import ModelVersion
+    from pipeline.models import build_family, build_options
+    from pipeline.version_checks import (
         built_manifest,
         declare_output_schema,
         declared_output_schema,
-        version_root,
     )
-    from pipeline.models import build_family, build_options
 
     family = str(load_profiles().get(args.family, {}).get("family", args.family))
     try:
@@ -252,17 +255,18 @@ def build_models(args: argparse.Namespace, settings: Settings) -> int:
     if args.real_widths is not None:
         return write_real_widths(module, args)
     schema = output_schema_of(args.output_schema)
-    root = version_root(settings.models_dir, args.version)
-    built_seed = (built_manifest(root, family) or {}).get("seed")
-    schema = schema or declared_output_schema(root, family)  # a rebuild keeps its declaration
+    version = ModelVersion(Path(settings.models_dir), args.version)
+    root = version.root
+    built_seed = (built_manifest(version, family) or {}).get("seed")
+    schema = schema or declared_output_schema(version, family)  # a rebuild keeps its declaration
     if args.seed is not None and built_seed is not None and args.seed != built_seed:
         raise CommandLineError(
             f"{family} version {args.version} is built from seed {built_seed}: a version's "
             f"weights never change; build another --version, or remove {root / family} first")
     build_family(family, str(root), built_seed if args.seed is None else args.seed)
     if schema is not None:
-        declare_output_schema(root, family, schema)
-    checksum = (built_manifest(root, family) or {}).get("checksum", "?")
+        declare_output_schema(version, family, schema)
+    checksum = (built_manifest(version, family) or {}).get("checksum", "?")
     print(f"omnivox: {family} version {args.version} ready in {root / family} "
           f"(checksum {checksum})")
     return 0

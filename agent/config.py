@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from media.vad import VadConfig
+from pipeline import environment
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +37,8 @@ class ConversationSettings(BaseModel):
     server_vad: bool = Field(True, description="the VAD ends turns; off: the client commits them")
     eagerness: Literal["low", "medium", "high", "auto"] | None = Field(
         None, description="semantic_vad's eagerness: the Thinker judges at each pause whether "
-                          "the caller's words end the turn (agent/realtime/semantic_turns.py); "
+                          "the caller's words end the turn "
+                          "(agent/realtime/turn_taking/semantic_turns.py); "
                           "None: server_vad, the silence alone")
     text_only: bool = Field(False, description="replies in text alone (output_modalities text)")
     # Per call, never a server setting: a WebSocket call's audio in its events, in the format its
@@ -218,7 +220,7 @@ class Settings(BaseSettings):
         "", pattern=r"^(/[A-Za-z0-9._~-]+)*$",
         description="path before a call's path in its Location, e.g. /pods/omnivox-0",
     )
-    # Admission control (agent/ops/admission.py): measured load, not only max_calls.
+    # Admission control (agent/calls/admission.py): measured load, not only max_calls.
     admission_max_loop_lag_ms: float = Field(
         100.0, ge=0, description="refuse new calls (503 server_busy) while the event loop woke "
         "this late within the admission window; 0: off",
@@ -290,3 +292,10 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -
         parser.add_argument(
             "--" + name.replace("_", "-"), default=None, metavar=name.split("_")[-1].upper(),
             help=f"{field.description} (default: {shown}; environment: {env_name(name)})")
+
+
+def add_api_key_option(parser: argparse.ArgumentParser) -> None:
+    """`--api-key` of a command-line client (bench calls, rollout, sip), defaulting to
+    OMNIVOX_API_KEY."""
+    parser.add_argument("--api-key", default=environment.get("OMNIVOX_API_KEY"),
+                        help="Bearer key for a server with API keys (or OMNIVOX_API_KEY)")

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import AliasSettings, Settings
-from pipeline.model_versions import version_root
-from pipeline.orchestrator import Pipeline
 from pipeline.settings import PipelineSettings
+from pipeline.turns.orchestrator import Pipeline
 
 PROFILES_FILE = Path(__file__).with_name("profiles.toml")
 
@@ -29,8 +28,8 @@ def load_profiles(path: Path = PROFILES_FILE) -> dict[str, dict[str, Any]]:
 def pipeline_settings(
     settings: Settings, overrides: dict[str, Any] | None = None
 ) -> PipelineSettings:
-    """The pipeline settings of the server's profile, models under the root of its served
-    version (settings.models_dir for version 1: pipeline.model_versions). A profile with
+    """The pipeline settings of the server's profile, serving its version
+    (settings.model_version) of the models under settings.models_dir. A profile with
     `real_weights` serves the checkpoint at settings.model_path, its derived parts built under
     `<models_dir>/<profile>`; the others build their own weights and refuse a model_path.
     A profile's `gpu` table is laid over its settings when it runs on a GPU (`on_gpu`)."""
@@ -54,7 +53,8 @@ def pipeline_settings(
         real = ", ".join(sorted(n for n, p in profiles.items() if p.get("real_weights")))
         raise ProfileError(f"profile {settings.profile!r} builds its own weights; "
                            f"--model-path is for the profiles that serve real ones ({real})")
-    fields["models_dir"] = version_root(models_dir, settings.model_version)
+    fields["models_dir"] = models_dir
+    fields["model_version"] = settings.model_version
     # The prompt most calls start with is in the Thinker's prefix cache before the first one.
     fields.setdefault("warm_up", settings.conversation.instructions)
     return PipelineSettings.model_validate({**fields, **(overrides or {})})

@@ -1,1 +1,2 @@
-"""Model stages: stage contract, shared-memory pool, workers, supervisor, engines, families."""
+"""Model stages: the stage contract, the tensor transport, the stage runtime, the turn logic,
+engines and families."""

@@ -1,6 +1,6 @@
 """Making sure a model version is built and sound before its workers start.
 
-A version already built is checked first (`pipeline.model_versions.verify_version`): a changed
+A version already built is checked first (`pipeline.version_checks.verify_version`): a changed
 file or an engine range that excludes the running vLLM/torch refuses it, never a silent
 rebuild of the weights a server was told to serve. Then the family's own `build` decides: it
 keeps a build whose manifest still matches and rebuilds a missing or stale one (a new recipe,
@@ -18,7 +18,8 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from pipeline.model_versions import ModelVersionError, built_manifest, verify_version
+from pipeline.model_version import ModelVersion
+from pipeline.version_checks import ModelVersionError, built_manifest, verify_version
 
 logger = logging.getLogger(__name__)
 
@@ -64,19 +65,20 @@ def check_checkpoint(family: str, path: Path) -> None:
     check(Path(path))
 
 
-async def ensure_models(family: str, models_dir: Path, release: Path | None = None) -> None:
-    """Check the version built under `models_dir` (a version's root), then build it (from the
-    real checkpoint `release`, when given) unless it is current; test families (dotted
-    modules) have nothing to build. ModelVersionError, logged as one line, when the version
-    must not be loaded."""
+async def ensure_models(family: str, version: ModelVersion,
+                        release: Path | None = None) -> None:
+    """Check `version` as built, then build it (from the real checkpoint `release`, when
+    given) unless it is current; test families (dotted modules) have nothing to build.
+    ModelVersionError, logged as one line, when the version must not be loaded."""
     if "." in family:
         return
     try:
-        await asyncio.to_thread(verify_version, family, Path(models_dir))
+        await asyncio.to_thread(verify_version, family, version)
     except ModelVersionError as exc:
         logger.error("%s", exc)
         raise
-    seed = (built_manifest(models_dir, family) or {}).get("seed")  # rebuilt as it was built
+    seed = (built_manifest(version, family) or {}).get("seed")  # rebuilt as it was built
+    models_dir = version.root
     process = multiprocessing.get_context("spawn").Process(
         target=build_family, args=(family, str(models_dir), seed,
                                    str(release) if release else None),

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from pipeline.model_version import FIRST_VERSION, ModelVersion
+
 STAGE_ORDER = ("thinker", "talker", "voicebox")
 # The stage that reads the tensors a stage sends with `ctx.send_tensor`: the Thinker's
 # embeddings go (as refs, passed on by the API process) to the Talker. The other stages' tensor
@@ -74,7 +76,9 @@ class PipelineSettings(BaseModel):
     """Everything the pipeline is told by a profile."""
 
     family: str = Field("tiny", description="a family name, or a dotted module with STAGES")
-    models_dir: Path = Path("models")
+    models_dir: Path = Field(Path("models"), description="the models directory the served "
+                             "version belongs to (version 1 lies in it; pipeline.version_checks)")
+    model_version: str = Field(FIRST_VERSION, description="the served version's number")
     model_path: Path | None = Field(
         None, description="a real checkpoint the family's build derives its parts from, read "
         "where it lies (families whose build takes a `release`)")
@@ -108,3 +112,8 @@ class PipelineSettings(BaseModel):
         "host nothing changes. False: through the pool (device to host) for a consumer "
         "without CUDA")
     log_level: str = "INFO"
+
+    @property
+    def version(self) -> ModelVersion:
+        """The served version, whose root the stages read."""
+        return ModelVersion(self.models_dir, self.model_version)

@@ -3,7 +3,8 @@
 A worker process hosts exactly one `Stage`. The runtime feeds it jobs and forwards what it yields;
 the family decides what runs inside (a vLLM engine, an ONNX voice, a phonemizer).
 Jobs and outputs are small msgspec structs: tensors travel as `BlockRef`s into the shared pool,
-or as `CudaIpcRef`s when a stage sends a CUDA tensor to another stage on CUDA (cuda_ipc.py).
+or as `CudaIpcRef`s when a stage sends a CUDA tensor to another stage on CUDA
+(tensors/cuda_ipc.py).
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import msgspec
 import numpy as np
 
-from pipeline.cuda_ipc import CudaIpcImports, CudaIpcRef, TensorRef, TensorSender
 from pipeline.sampling_options import SamplingOptions
-from pipeline.shm import BlockPool, BlockRef, StaleBlockError
+from pipeline.tensors.cuda_ipc import CudaIpcImports, CudaIpcRef, TensorRef, TensorSender
+from pipeline.tensors.shm import BlockPool, BlockRef, StaleBlockError
 
 if TYPE_CHECKING:
     import torch
 
-    from pipeline.shm_lease import BlockLease
+    from pipeline.tensors.shm_lease import BlockLease
 
 POOL_TIMEOUT_S = 5.0  # how long a stage waits for a free pool block before failing the job
 # CUDA IPC exports a stage keeps for their consumers at most (then it waits, as for a block).
@@ -48,7 +49,7 @@ class ThinkerJob(msgspec.Struct, frozen=True, tag="thinker_job"):
     # Also say how likely the transcript is a whole turn (ThinkerOutput.end_of_turn), for
     # families that can tell; the others leave it None.
     score_end_of_turn: bool = False
-    # How a history too long for the window is cut (pipeline/families/context_window.py)
+    # How a history too long for the window is cut (pipeline/families/kit/context_window.py)
     truncation: str | float = "auto"
 
 

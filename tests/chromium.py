@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,6 +76,7 @@ def page_errors(page: Page) -> list[str]:
     return errors
 
 
-async def omnivox(page: Page, expression: str):
-    """Read the page's test hook: `expression` is evaluated with `o` = window.omnivox."""
+async def omnivox(page: Page, expression: str) -> Any:
+    """Read the page's test hook: `expression` is evaluated with `o` = window.omnivox; its value
+    comes back as Playwright converts it (JSON-like: any shape the expression has)."""
     return await page.evaluate(f"(() => {{ const o = window.omnivox; return {expression}; }})()")

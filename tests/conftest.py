@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.app import create_app
+from agent.calls.call import Call
 from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline
 from pipeline.families.local.build import build_local
@@ -50,7 +51,7 @@ async def media_server(media_settings: Settings) -> AsyncIterator[Served]:
     """A media-only server whose calls answer every utterance with a tone."""
     responders: list[ToneResponder] = []
 
-    def factory(call):
+    def factory(call: Call) -> ToneResponder:
         responder = ToneResponder(call)
         responders.append(responder)
         return responder

@@ -20,7 +20,8 @@ import numpy as np
 
 from agent.bench.speech import resample
 from agent.calls.call_base import CallBase
-from pipeline.events import Turn
+from agent.realtime.session import Session
+from pipeline.turns.events import Turn
 from tests.product_calls import LOUD, record_turns, spoken
 from tests.served import Served
 
@@ -127,7 +128,9 @@ async def new_call(served: Served, before: set[str], timeout_s: float = 15.0) ->
                    f"(calls now: {sorted(call_ids(served))})")
     assert len(found) == 1, f"more than one new call: {[c.id for c in found]}"
     call = found[0]
-    server_call = ServerCall(call, record_turns(call.handler))
+    handler = call.handler
+    assert isinstance(handler, Session), f"the call's handler is a {type(handler).__name__}"
+    server_call = ServerCall(call, record_turns(handler))
     call.observers.add(server_call.log)
     return server_call
 

@@ -7,6 +7,7 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -42,12 +43,12 @@ async def keyed_tone_server(data_dir: Path) -> AsyncIterator[Served]:
         yield served
 
 
-async def request(served: Served, method: str, path: str, **kwargs) -> httpx.Response:
+async def request(served: Served, method: str, path: str, **kwargs: Any) -> httpx.Response:
     async with httpx.AsyncClient(base_url=served.url, timeout=CALL_TIMEOUT_S) as http:
         return await http.request(method, path, **kwargs)
 
 
-async def mint(served: Served, token: str = KEY, **body) -> httpx.Response:
+async def mint(served: Served, token: str = KEY, **body: Any) -> httpx.Response:
     return await request(served, "POST", "/v1/realtime/client_secrets", json=body or None,
                          headers=bearer(token))
 

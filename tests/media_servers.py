@@ -45,19 +45,22 @@ async def tone_server(settings: Settings) -> AsyncIterator[Served]:
 
 def call_of(served: Served, caller: RtcCaller) -> Call | None:
     """The server's side of this caller's call, while the server holds it."""
-    return served.app.state.calls.get(caller.location.rsplit("/", 1)[1])
+    call: Call | None = served.app.state.calls.get(caller.call_id)
+    return call
 
 
 def responder_of(served: Served, caller: RtcCaller) -> ToneResponder:
     call = call_of(served, caller)
     assert call is not None, "the server no longer holds this call"
+    assert isinstance(call.handler, ToneResponder), "the call has no tone responder"
     return call.handler
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 @contextlib.contextmanager

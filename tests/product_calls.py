@@ -15,7 +15,7 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from agent.realtime.session import Session
-from pipeline.events import Turn
+from pipeline.turns.events import Turn
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.rtc_client import ArrayAudioTrack, RtcCaller
 from tests.served import Served
@@ -51,7 +51,7 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str)
 
 
 def call_id_of(caller: RtcCaller) -> str:
-    return caller.location.rsplit("/", 1)[1]
+    return caller.call_id
 
 
 async def get_record(base_url: str, call_id: str) -> httpx.Response:
@@ -62,7 +62,9 @@ async def get_record(base_url: str, call_id: str) -> httpx.Response:
 
 def session_of(served: Served, caller: RtcCaller) -> Session:
     """The server's conversation session of this caller's call."""
-    return served.app.state.calls.get(call_id_of(caller)).handler
+    session = served.app.state.calls.get(call_id_of(caller)).handler
+    assert isinstance(session, Session), f"the call's handler is a {type(session).__name__}"
+    return session
 
 
 def update_session(caller: RtcCaller, **session: Any) -> None:

@@ -106,6 +106,12 @@ class RtcCaller:
         self.location = reply.headers["location"]
         await self.pc.setRemoteDescription(RTCSessionDescription(reply.text, "answer"))
 
+    @property
+    def call_id(self) -> str:
+        """The call's id on the server: the last part of its location (once connected)."""
+        assert self.location is not None, "the caller has not connected"
+        return self.location.rsplit("/", 1)[1]
+
     def _on_message(self, message: str) -> None:
         self.events.append((time.monotonic(), json.loads(message)))
         self._event_arrived.set()
@@ -118,6 +124,9 @@ class RtcCaller:
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
+                if not isinstance(frame, av.AudioFrame):  # the agent sends audio alone
+                    raise TypeError(f"the agent's track gave a {type(frame).__name__}, "
+                                    "not an audio frame")
                 for out in resampler.resample(frame):
                     self.received.append(out.to_ndarray().reshape(-1).copy())
                     self.received_at.append(time.monotonic())

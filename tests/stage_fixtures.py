@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.shm import BlockPool
 from pipeline.stage import Stage, StageContext
+from pipeline.tensors.shm import BlockPool
 
 
 def print_figure(tag: str, name: str, value: float, unit: str) -> None:

@@ -10,11 +10,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from pipeline.client import StageClient
 from pipeline.errors import RequestFailedError
-from pipeline.orchestrator import Pipeline
-from pipeline.shm import BlockRef
+from pipeline.runtime.client import StageClient
 from pipeline.stage import TalkerJob, ThinkerJob
+from pipeline.tensors.shm import BlockRef
+from pipeline.turns.orchestrator import Pipeline
 from tests.fake_family import HIDDEN
 from tests.test_pipeline_runtime import settings
 
@@ -62,8 +62,8 @@ async def test_a_job_whose_input_was_released_unread_ends_quietly_only_if_aborte
         job = TalkerJob("live/1/talker/0", "hi", [await released_ref(pipe)])
         with pytest.raises(RequestFailedError, match="StaleBlockError"):
             await drain(talker, job)
-        await worker_says(capfd, logs, f"ERROR pipeline.worker: {job.request_id} failed: its "
-                                       "input was released unread")
+        await worker_says(capfd, logs, f"ERROR pipeline.runtime.worker: {job.request_id} failed: "
+                                       "its input was released unread")
         assert "Traceback" in "".join(logs)
 
 

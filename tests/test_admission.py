@@ -17,7 +17,7 @@ import numpy as np
 
 from agent.config import Settings
 from media.pacing import pacing_lateness
-from pipeline import schedstat
+from pipeline.runtime import schedstat
 from tests.media_servers import tone_server
 from tests.product_calls import wait_until
 from tests.rtc_client import ArrayAudioTrack, RtcCaller

@@ -32,7 +32,7 @@ import pytest
 from agent.app import create_app
 from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline, load_profiles
-from pipeline.families.build_support import read_manifest
+from pipeline.families.kit.build_support import read_manifest
 from pipeline.families.orpheus import build_orpheus
 from pipeline.families.orpheus.release import SNAC, TALKER, THINKER
 from pipeline.families.qwen25_omni.build import SEED, release_dir

@@ -27,7 +27,7 @@ from agent.bench.asr_corpus import (
 from agent.bench.asr_texts import QUESTIONS
 from agent.bench.asr_voices import RATES, VOICES
 from agent.bench.speech import MIC_RATE
-from pipeline.families.speech_recognizer import RecognizerSettings
+from pipeline.families.kit.speech_recognizer import RecognizerSettings
 
 TEXTS = 3  # the first questions and unfinished sentences
 # The two voices tiny.en hears worst ("What is the capital and friends?"): a slice that errs.

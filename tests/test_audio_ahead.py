@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.audio_ahead import AudioAhead
+from pipeline.turns.audio_ahead import AudioAhead
 
 
 class Clock:

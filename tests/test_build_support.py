@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.families.build_support import (
+from pipeline.families.kit.build_support import (
     build_once,
     manifest_matches,
     read_manifest,

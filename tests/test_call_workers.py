@@ -26,11 +26,11 @@ import websockets
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from websockets.asyncio.client import connect as ws_connect
 
-from agent.api.signalling import RESUME_HEADER
 from agent.app import create_app
 from agent.bench.scaling import scaling, scaling_table
 from agent.bench.server import histogram_quantile, parse_samples
 from agent.bench.speech import resample
+from agent.calls.signalling import RESUME_HEADER
 from agent.calls.workers import DIED, CallWorkers, shifted_percent
 from agent.config import ConversationSettings, Settings, default_call_workers
 from agent.ops.metrics_merge import merged

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.cascade import Chunk, ClauseChunker, Piece
+from pipeline.turns.cascade import Chunk, ClauseChunker, Piece
 
 
 def chunk_all(pieces: list[str], **kw) -> list[Chunk]:

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.realtime.semantic_turns import PAUSE_MS, turn_ending
 from agent.realtime.session_config import MAX_REPLY_TOKENS, aggressiveness
+from agent.realtime.turn_taking.semantic_turns import PAUSE_MS, turn_ending
 from media.vad import VadConfig
 from tests.audio_fixtures import speech_bounds
 from tests.product_calls import (

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from pipeline.families.context_window import (
+from pipeline.families.kit.context_window import (
     DISABLED,
     MIN_REPLY_TOKENS,
     fit_history,

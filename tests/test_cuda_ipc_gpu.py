@@ -15,12 +15,18 @@ import uuid
 
 import pytest
 
-from pipeline.cuda_ipc import CudaIpcRef
-from pipeline.events import AudioChunk, TextDelta, Turn, TurnDone
-from pipeline.messages import InspectReply, ReleaseTensors, client_decoder, encode, worker_decoder
-from pipeline.orchestrator import Pipeline
-from pipeline.shm import BlockPool
+from pipeline.runtime.messages import (
+    InspectReply,
+    ReleaseTensors,
+    client_decoder,
+    encode,
+    worker_decoder,
+)
 from pipeline.stage import StageContext, TalkerJob, ThinkerJob, ThinkerOutput
+from pipeline.tensors.cuda_ipc import CudaIpcRef
+from pipeline.tensors.shm import BlockPool
+from pipeline.turns.events import AudioChunk, TextDelta, Turn, TurnDone
+from pipeline.turns.orchestrator import Pipeline
 from tests.fake_family import HIDDEN, SAMPLES_PER_TOKEN, reply_words
 
 SPAWN = mp.get_context("spawn")

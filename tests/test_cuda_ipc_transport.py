@@ -24,12 +24,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from pipeline.cascade import ClauseChunker, Piece
-from pipeline.client import StageClient
-from pipeline.cuda_ipc import CudaIpcRef
 from pipeline.errors import PipelineBusyError
-from pipeline.events import AudioChunk, TextDelta, Turn, TurnDone
-from pipeline.messages import (
+from pipeline.runtime.client import StageClient
+from pipeline.runtime.messages import (
     Abort,
     Aborted,
     Inspect,
@@ -40,7 +37,6 @@ from pipeline.messages import (
     worker_decoder,
 )
 from pipeline.settings import PipelineSettings
-from pipeline.shm import BlockPool, BlockRef, StaleBlockError, TensorTooLargeError
 from pipeline.stage import (
     Job,
     StageContext,
@@ -50,7 +46,11 @@ from pipeline.stage import (
     ThinkerOutput,
     VoiceBoxOutput,
 )
-from pipeline.turn import TurnRun
+from pipeline.tensors.cuda_ipc import CudaIpcRef
+from pipeline.tensors.shm import BlockPool, BlockRef, StaleBlockError, TensorTooLargeError
+from pipeline.turns.cascade import ClauseChunker, Piece
+from pipeline.turns.events import AudioChunk, TextDelta, Turn, TurnDone
+from pipeline.turns.turn import TurnRun
 from tests.fake_family import HIDDEN, reply_words
 
 TRANSFER_BASE = 7 << 32  # transfer ids of the exports made here (as a worker's random base)

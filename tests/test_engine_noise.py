@@ -45,7 +45,7 @@ ENGINE_SCRIPT = textwrap.dedent(f"""
     async def main(models: Path) -> None:
         from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine
         from pipeline.families.tiny import build_tiny
-        from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS
+        from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS
 
         family = build_tiny(models, progress=False)
         settings = EngineSettings.from_mapping({{

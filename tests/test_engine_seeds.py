@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pipeline.engines.vllm import Delta, EngineSettings, Sampling, VllmEngine
+from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS
 from pipeline.families.tiny import build_tiny
-from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS
 
 pytestmark = pytest.mark.engines
 

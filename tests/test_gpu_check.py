@@ -17,7 +17,7 @@ from transformers import LlamaForCausalLM
 
 from agent.bench.gpu import NO_CUDA
 from agent.cli import main
-from pipeline.families.dummy_weights import (
+from pipeline.families.kit.dummy_weights import (
     meta_tensors,
     parameter_count,
     write_sparse_safetensors,

@@ -18,12 +18,12 @@ from agent.cli import check_device, main
 from agent.config import Settings
 from agent.profiles import gpu_answers, load_profiles, pipeline_settings
 from pipeline.engines.vllm import EngineSettings
-from pipeline.families.dummy_weights import meta_tensors, parameter_count
+from pipeline.families.kit.dummy_weights import meta_tensors, parameter_count
+from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS
+from pipeline.families.kit.torch_placement import Placement
 from pipeline.families.orpheus.real_size import talker_config
 from pipeline.families.qwen25_omni.real_size import real_config, release_tensors, stage_sizes
 from pipeline.families.qwen25_omni.release import write_tiny_release
-from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS
-from pipeline.families.torch_placement import Placement
 
 GPU_BYTES = 80 * 10**9  # one 80 GB GPU
 CUDA_CONTEXT = 2**29  # about 0.5 GiB a process that touches the GPU

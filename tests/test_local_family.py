@@ -20,7 +20,8 @@ import jiwer
 import numpy as np
 import pytest
 
-from pipeline.families.build_support import read_manifest
+from pipeline.families.kit.build_support import read_manifest
+from pipeline.families.kit.packaged import source_versions
 from pipeline.families.local import LocalTalker, LocalThinker, LocalVoiceBox, build_local
 from pipeline.families.local.build import is_built
 from pipeline.families.local.gguf_llama import unpermute_rotary
@@ -28,9 +29,8 @@ from pipeline.families.local.phonemizer import PhonemeMap
 from pipeline.families.local.speech_text import Phrase, speakable, split_phrases
 from pipeline.families.local.talker import group_phrases
 from pipeline.families.local.thinker import ASK_AGAIN, ASK_AGAIN_BELOW
-from pipeline.families.packaged import source_versions
-from pipeline.shm import BlockPool
 from pipeline.stage import TalkerJob, ThinkerJob, VoiceBoxJob, VoiceBoxOutput
+from pipeline.tensors.shm import BlockPool
 from tests.audio_fixtures import SOX, read_wav, speech_wav, write_wav
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 

@@ -29,8 +29,8 @@ from aiortc.jitterbuffer import JitterFrame
 
 from agent.realtime.reply import Reply
 from agent.realtime.session import Session
+from pipeline.families.kit.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from pipeline.families.local.build import ASR_DIR, FAMILY
-from pipeline.families.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.conftest import local_models_dir
 from tests.product_calls import session_of

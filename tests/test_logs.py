@@ -122,11 +122,11 @@ def test_the_command_line_writes_the_chosen_format(tmp_path: Path, log_format: s
     assert len(record) == 1, done.stderr
     if log_format == "json":
         entry = json.loads(record[0])
-        assert entry["logger"] == "pipeline.families.build_support" and entry["level"] == "INFO"
+        assert entry["logger"] == "pipeline.families.kit.build_support" and entry["level"] == "INFO"
         assert entry["call_id"] is None
     else:
         match = TEXT_LINE.match(record[0])
-        assert match and match["logger"] == "pipeline.families.build_support", record[0]
+        assert match and match["logger"] == "pipeline.families.kit.build_support", record[0]
 
 
 @pytest.mark.engines
@@ -159,7 +159,7 @@ async def test_a_calls_records_carry_its_call_and_turn(tiny_server: Served) -> N
     assert all(r["call_id"] == call_id for r in about_call), about_call
     # The call's own objects log only inside it (media's records name no call themselves).
     own = ("agent.calls.call", "agent.realtime.session", "agent.realtime.reply_events",
-           "agent.realtime.pauses", "agent.realtime.barge_in", "media.")
+           "agent.realtime.turn_taking", "media.")
     assert all(r["call_id"] == call_id for r in records if r["logger"].startswith(own)), records
     turn_id = f"{call_id}-turn1"
     first_audio = [r for r in about_call if "first audio" in r["message"]]

@@ -23,15 +23,15 @@ from agent.cli import CommandLineError, build_models, parse_args, settings_of
 from agent.config import Settings
 from agent.profiles import build_pipeline
 from pipeline.engine_range import running_engines
-from pipeline.families.build_support import files_checksum, read_manifest
-from pipeline.model_versions import (
+from pipeline.families.kit.build_support import files_checksum, read_manifest
+from pipeline.model_version import ModelVersion
+from pipeline.models import ensure_models
+from pipeline.version_checks import (
     OUTPUT_SCHEMA,
     ModelVersionError,
     declared_output_schema,
     verify_version,
-    version_root,
 )
-from pipeline.models import ensure_models
 from tests.served import serve
 
 THINKER_WEIGHTS = "thinker/model.safetensors"
@@ -81,13 +81,14 @@ def test_a_second_version_is_built_beside_the_first_from_its_own_seed(models: Pa
 
 def test_a_version_declares_its_output_schema_in_its_manifest(models: Path,
                                                                tmp_path: Path) -> None:
-    root = _copy_version(models, "2", tmp_path)
+    version = _copy_version(models, "2", tmp_path)
+    root = version.root
     schema = {"type": "object", "properties": {"mood": {"enum": ["calm", "sad"]}}}
     declared = tmp_path / "mood.json"
     declared.write_text(json.dumps(schema))
     _build(tmp_path, "--version", "2", "--output-schema", str(declared))
-    assert declared_output_schema(root, "tiny") == schema
-    assert verify_version("tiny", root) is not None  # its files are still the ones built
+    assert declared_output_schema(version, "tiny") == schema
+    assert verify_version("tiny", version) is not None  # its files are still the ones built
     _build(tmp_path, "--version", "2")  # built again without the flag: it keeps it
     assert read_manifest(root / "tiny")[OUTPUT_SCHEMA] == schema
     for text, refusal in [("{", "not a readable JSON file"), ('{"type": 3}', "not a JSON schema"),
@@ -95,19 +96,19 @@ def test_a_version_declares_its_output_schema_in_its_manifest(models: Path,
         declared.write_text(text)
         with pytest.raises(CommandLineError, match=refusal):
             _build(tmp_path, "--version", "2", "--output-schema", str(declared))
-    assert declared_output_schema(root, "tiny") == schema  # a refused one changes nothing
+    assert declared_output_schema(version, "tiny") == schema  # a refused one changes nothing
 
 
 async def test_a_changed_weight_file_is_refused_naming_the_file(
     models: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    root = _copy_version(models, "2", tmp_path)
-    weights = root / "tiny" / THINKER_WEIGHTS
+    version = _copy_version(models, "2", tmp_path)
+    weights = version.root / "tiny" / THINKER_WEIGHTS
     changed = bytearray(weights.read_bytes())
     changed[-1] ^= 1
     weights.write_bytes(bytes(changed))
     with caplog.at_level(logging.ERROR), pytest.raises(ModelVersionError) as refused:
-        await ensure_models("tiny", root)
+        await ensure_models("tiny", version)
     assert THINKER_WEIGHTS in str(refused.value) and "--version 2 --seed 8" in str(refused.value)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and THINKER_WEIGHTS in errors[0]
@@ -117,11 +118,11 @@ async def test_a_changed_weight_file_is_refused_naming_the_file(
 async def test_an_engine_range_excluding_the_running_vllm_is_refused(
     models: Path, tmp_path: Path
 ) -> None:
-    root = _copy_version(models, "2", tmp_path)
+    version = _copy_version(models, "2", tmp_path)
     vllm = running_engines()["vllm"]
-    _set_engines(root / "tiny", {"vllm": ">=99.0,<99.1"})
+    _set_engines(version.root / "tiny", {"vllm": ">=99.0,<99.1"})
     with pytest.raises(ModelVersionError) as refused:
-        await ensure_models("tiny", root)
+        await ensure_models("tiny", version)
     assert f"vllm {vllm}" in str(refused.value) and "vllm>=99.0,<99.1" in str(refused.value)
     # `omnivox serve` says so in one line and exits 2, before it starts anything.
     served = subprocess.run(
@@ -137,19 +138,19 @@ async def test_an_engine_range_excluding_the_running_vllm_is_refused(
 async def test_a_build_older_than_engine_ranges_is_rebuilt_on_load(
     models: Path, tmp_path: Path
 ) -> None:
-    root = _copy_version(models, "1", tmp_path)
-    before = read_manifest(root / "tiny")
-    _set_engines(root / "tiny", None)
-    await ensure_models("tiny", root)
-    after = read_manifest(root / "tiny")
+    version = _copy_version(models, "1", tmp_path)
+    before = read_manifest(version.root / "tiny")
+    _set_engines(version.root / "tiny", None)
+    await ensure_models("tiny", version)
+    after = read_manifest(version.root / "tiny")
     assert after["engines"] == before["engines"] and after["checksum"] == before["checksum"]
 
 
-def _copy_version(models: Path, version: str, to: Path) -> Path:
-    """A copy of one built version (its root under `to`), for a test to damage."""
-    root = version_root(to, version)
-    shutil.copytree(version_root(models, version) / "tiny", root / "tiny")
-    return root
+def _copy_version(models: Path, number: str, to: Path) -> ModelVersion:
+    """A copy of one built version (a version of the models dir `to`), for a test to damage."""
+    copy = ModelVersion(to, number)
+    shutil.copytree(ModelVersion(models, number).root / "tiny", copy.root / "tiny")
+    return copy
 
 
 def _set_engines(family: Path, engines: dict[str, str] | None) -> None:
@@ -164,8 +165,8 @@ def _set_engines(family: Path, engines: dict[str, str] | None) -> None:
 async def test_a_server_refusing_its_version_says_why_at_readyz(
     models: Path, tmp_path: Path
 ) -> None:
-    root = _copy_version(models, "2", tmp_path)
-    (root / "tiny" / THINKER_WEIGHTS).write_bytes(b"not the weights")
+    version = _copy_version(models, "2", tmp_path)
+    (version.root / "tiny" / THINKER_WEIGHTS).write_bytes(b"not the weights")
     settings = Settings(profile="tiny", models_dir=tmp_path, model_version="2",
                         data_dir=tmp_path / "data")
     async with serve(create_app(settings, pipeline=build_pipeline(settings))) as served, \

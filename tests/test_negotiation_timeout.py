@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-import agent.api.signalling
+import agent.calls.signalling
 from agent.config import Settings
 from tests.media_servers import tone_server
 from tests.metrics_samples import refused, scrape
@@ -61,7 +61,7 @@ def udp_sockets() -> int:
 async def test_an_answer_not_built_in_time_is_refused_504_and_leaves_nothing(
     tmp_path: Path, silent_stun: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent.api.signalling, "NEGOTIATION_TIMEOUT_S", TIMEOUT_S)
+    monkeypatch.setattr(agent.calls.signalling, "NEGOTIATION_TIMEOUT_S", TIMEOUT_S)
     stun = f"stun:127.0.0.1:{silent_stun.getsockname()[1]}"
     async with tone_server(Settings(data_dir=tmp_path, ice_servers=[stun])) as served:
         sockets_before = udp_sockets()
@@ -101,7 +101,7 @@ async def test_the_same_server_answers_in_time_without_the_stalled_stun(
 ) -> None:
     """The control: with the same short limit and no STUN server, an answer is built in time
     (so the 504 above is the STUN wait, not the limit being too short for any offer)."""
-    monkeypatch.setattr(agent.api.signalling, "NEGOTIATION_TIMEOUT_S", TIMEOUT_S)
+    monkeypatch.setattr(agent.calls.signalling, "NEGOTIATION_TIMEOUT_S", TIMEOUT_S)
     sdp = await dead_peer_offer()
     async with (tone_server(Settings(data_dir=tmp_path)) as served,
                 httpx.AsyncClient(base_url=served.url, timeout=30) as http):

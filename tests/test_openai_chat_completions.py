@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from agent.api.chat_completions import ENGINE
-from pipeline.events import AudioChunk, Turn, TurnDone
+from pipeline.turns.events import AudioChunk, Turn, TurnDone
 from tests.openai_clients import clients
 from tests.served import Served
 

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from agent.api.speech import ENGINE
-from pipeline.events import Event, Turn
+from pipeline.turns.events import Event, Turn
 from tests.metrics_samples import Samples, grew, scrape
 from tests.openai_clients import clients
 from tests.product_calls import held_request_ids, wait_until

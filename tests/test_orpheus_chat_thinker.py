@@ -14,11 +14,11 @@ import pytest
 
 from agent.config import Settings
 from agent.profiles import build_pipeline, load_profiles
-from pipeline.events import AudioChunk, Transcript, Turn, TurnDone
 from pipeline.families.local import build_local
 from pipeline.families.local.build import LLM_DIR
 from pipeline.families.orpheus import build_orpheus
 from pipeline.families.orpheus.release import SNAC, TALKER, THINKER
+from pipeline.turns.events import AudioChunk, Transcript, Turn, TurnDone
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.conftest import local_models_dir
 

@@ -25,14 +25,13 @@ from pipeline.families.orpheus.codes import (
     FrameAssembler,
     code_of,
     codebooks,
-    token_of,
 )
 from pipeline.families.orpheus.release import check_talker
 from pipeline.families.orpheus.snac_decoder import SnacDecoder, write_snac
 from pipeline.families.orpheus.voicebox import SnacVoiceBox
 from pipeline.families.orpheus.windows import Window, WindowCutter
-from pipeline.shm import BlockPool
 from pipeline.stage import StageContext, VoiceBoxJob, VoiceBoxOutput
+from pipeline.tensors.shm import BlockPool
 
 FRAMES = 20
 # Measured (20 random frames, windows of 2 frames): 3 frames of context and of lookahead give
@@ -41,6 +40,13 @@ FRAMES = 20
 PARITY_TOLERANCE = 2e-6
 NO_CONTEXT_MIN_ERROR = 0.1
 # The first window voices the first frame before any lookahead exists: measured 0.49 off.
+
+
+def token_of(code: int, index: int) -> int:
+    """The id of the `index`-th audio token for `code` (the inverse of `code_of`)."""
+    if not 0 <= code < CODEBOOK_SIZE:
+        raise ValueError(f"code {code} outside [0, {CODEBOOK_SIZE})")
+    return AUDIO_BASE + (index % FRAME) * CODEBOOK_SIZE + code
 
 
 def test_id_code_mapping_round_trips_at_every_frame_position() -> None:

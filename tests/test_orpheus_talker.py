@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.families.build_support import read_manifest
+from pipeline.families.kit.build_support import read_manifest
 from pipeline.families.orpheus import OrpheusTalker, SnacVoiceBox, build_orpheus
 from pipeline.families.orpheus.codes import AUDIO_IDS, CODEBOOK_SIZE, FRAME
 from pipeline.families.orpheus.prompt import PromptBuilder
 from pipeline.families.orpheus.windows import CONTEXT, LOOKAHEAD, Window
-from pipeline.shm import BlockPool
 from pipeline.stage import TalkerJob, TalkerOutput, VoiceBoxJob
+from pipeline.tensors.shm import BlockPool
 from tests.greedy_reference import Decoded, Restrictions, disagreement, greedy_decode, load_llama
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 

@@ -21,13 +21,13 @@ import numpy as np
 import psutil
 import pytest
 
-from pipeline.client import StageClient
-from pipeline.cuda_ipc import CudaIpcRef
 from pipeline.errors import RequestFailedError, StageFailedError, StageStalledError
-from pipeline.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
-from pipeline.orchestrator import Pipeline
+from pipeline.runtime.client import StageClient
+from pipeline.runtime.supervisor import StageState
 from pipeline.stage import TalkerJob, ThinkerJob
-from pipeline.supervisor import StageState
+from pipeline.tensors.cuda_ipc import CudaIpcRef
+from pipeline.turns.events import AudioChunk, TextDelta, Transcript, Turn, TurnDone, TurnFailed
+from pipeline.turns.orchestrator import Pipeline
 from tests.fake_family import HIDDEN, SAMPLE_RATE, SAMPLES_PER_TOKEN, reply_words
 
 FAMILY = "tests.fake_family"
@@ -333,7 +333,7 @@ async def _texts(client: StageClient, job: ThinkerJob) -> list[str]:
 API_PROCESS = """
 import asyncio, json, os, sys
 import psutil
-from pipeline.orchestrator import Pipeline
+from pipeline.turns.orchestrator import Pipeline
 from tests.test_pipeline_runtime import settings
 
 async def main():

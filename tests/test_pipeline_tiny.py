@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 from pipeline.errors import StageFailedError
-from pipeline.events import AudioChunk, TextDelta, Turn, TurnDone, TurnFailed
-from pipeline.orchestrator import Pipeline
+from pipeline.runtime.supervisor import StageState
 from pipeline.settings import STAGE_ORDER
-from pipeline.supervisor import StageState
+from pipeline.turns.events import AudioChunk, TextDelta, Turn, TurnDone, TurnFailed
+from pipeline.turns.orchestrator import Pipeline
 from tests.cpu_wait import CpuWait
 
 pytestmark = pytest.mark.engines

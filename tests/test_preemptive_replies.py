@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from agent.realtime.session import Session
-from pipeline.events import Turn
+from pipeline.turns.events import Turn
 from tests.audio_fixtures import speech_bounds
 from tests.metrics_samples import grew, scrape
 from tests.product_calls import (

@@ -27,7 +27,7 @@ from agent.config import Settings
 from agent.realtime.server_events import error_event
 from agent.realtime.session import UNANSWERED_MAX
 from media.vad import SpeechStopped
-from pipeline.orchestrator import Pipeline
+from pipeline.turns.orchestrator import Pipeline
 from tests.audio_fixtures import read_wav, speech_wav, tone
 from tests.fake_family import FAKE_PIPELINE
 from tests.media_servers import call_of, tone_server

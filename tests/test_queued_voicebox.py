@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import pytest
 
-from pipeline.families.queued_voicebox import QueuedVoiceBox
-from pipeline.shm import BlockPool
+from pipeline.families.kit.queued_voicebox import QueuedVoiceBox
 from pipeline.stage import StageContext, VoiceBoxJob, VoiceBoxOutput
+from pipeline.tensors.shm import BlockPool
 
 SAMPLES_PER_TOKEN = 10
 

@@ -29,8 +29,8 @@ from pipeline.families.qwen25_omni.talker import OmniTalker
 from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn, speak
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
 from pipeline.families.qwen25_omni.thinker_states import ThinkerStates, step_many
-from pipeline.shm import BlockPool
 from pipeline.stage import TalkerJob, TalkerOutput
+from pipeline.tensors.shm import BlockPool
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines

@@ -25,13 +25,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
 
-from pipeline.families.build_support import read_manifest
+from pipeline.families.kit.build_support import read_manifest
 from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni, release_dir
 from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.thinker import OmniThinker
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
-from pipeline.shm import BlockPool
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
+from pipeline.tensors.shm import BlockPool
 from tests.audio_fixtures import read_wav, speech_wav
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 

@@ -29,8 +29,8 @@ from pipeline.families.qwen25_omni.voicebox import (
     load_speakers,
     load_token2wav,
 )
-from pipeline.shm import BlockPool
 from pipeline.stage import VoiceBoxJob
+from pipeline.tensors.shm import BlockPool
 from tests.stage_fixtures import pool_fixture, stage_fixture
 
 TURN = 52  # tokens: groups of 4, 16, 16, 16 as the cascade hands them on

@@ -10,7 +10,7 @@ import pytest
 from transformers import Qwen2_5OmniForConditionalGeneration
 
 from agent.cli import main
-from pipeline.families.dummy_weights import meta_tensors, parameter_count
+from pipeline.families.kit.dummy_weights import meta_tensors, parameter_count
 from pipeline.families.qwen25_omni.real_size import real_config
 from pipeline.families.qwen25_omni.real_widths import real_width_config
 

@@ -13,7 +13,7 @@ import pytest
 from agent.app import create_app
 from agent.config import Settings
 from agent.guided.functions import call_text
-from pipeline.orchestrator import Pipeline
+from pipeline.turns.orchestrator import Pipeline
 from tests.fake_family import FAKE_PIPELINE
 from tests.product_calls import (
     assert_valid_events,

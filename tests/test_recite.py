@@ -6,7 +6,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from pipeline.families.recite import REPLACEMENT, recited_pieces
+from pipeline.families.kit.recite import REPLACEMENT, recited_pieces
 from pipeline.families.tiny.tokenizer import save_tokenizer, train_tokenizer
 
 

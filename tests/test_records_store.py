@@ -18,10 +18,10 @@ from agent.ops.records import (
     CallRecords,
     RecordsBusyError,
     TurnRecord,
-    turn_record,
 )
 from agent.realtime.history import Conversation
 from agent.realtime.reply import Reply
+from agent.realtime.turn_record import after_start_ms, turn_record
 from tests.product_calls import wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -168,12 +168,13 @@ async def test_a_first_frame_sent_after_the_record_is_added_to_it(tmp_path: Path
         reply = Reply(response_id="resp_f_1", item_id="item_a1", turn_id="rtc_f-turn1",
                       user_item_id=None, started_at=loop.time() - 1.0)
         reply.first_audio_at = reply.started_at + 0.001
-        assert store.turn_ended("rtc_f", reply, Conversation(""), "completed", "hi")
+        assert store.add_turn(turn_record("rtc_f", reply, Conversation(""), "completed", "hi"))
         assert store.add_turn(a_turn("rtc_f", 2, started_at=time.time() + 5))
-        reply.first_frame_at = reply.started_at + 0.0185
-        assert store.first_frame_sent(reply)
-        reply.first_frame_at = reply.started_at + 0.5  # a later edge does not move it
-        assert store.first_frame_sent(reply)
+        assert store.first_frame_sent(reply.response_id, after_start_ms(reply, reply.started_at
+                                                                        + 0.0185))
+        # a later edge does not move it
+        assert store.first_frame_sent(reply.response_id, after_start_ms(reply, reply.started_at
+                                                                        + 0.5))
         turns = (await store.call_record("rtc_f"))["turns"]
     finally:
         await asyncio.to_thread(store.close)

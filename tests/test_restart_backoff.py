@@ -17,8 +17,8 @@ import pytest
 
 from agent.app import create_app
 from agent.config import Settings
-from pipeline.orchestrator import Pipeline
-from pipeline.supervisor import StageState
+from pipeline.runtime.supervisor import StageState
+from pipeline.turns.orchestrator import Pipeline
 from tests.metrics_samples import refused, scrape
 from tests.product_calls import wait_until
 from tests.rtc_client import dead_peer_offer
@@ -32,7 +32,7 @@ def restart_records(caplog: pytest.LogCaptureFixture, stage: str) -> list[tuple[
     """(time logged, back-off) of each `restart N in X s` the supervisor logged for `stage`."""
     pattern = re.compile(rf"stage {stage}: restart \d+ in ([\d.]+) s")
     return [(r.created, float(m.group(1))) for r in caplog.records
-            if r.name == "pipeline.supervisor" and (m := pattern.search(r.getMessage()))]
+            if r.name == "pipeline.runtime.supervisor" and (m := pattern.search(r.getMessage()))]
 
 
 async def test_back_off_doubles_up_to_its_maximum(caplog: pytest.LogCaptureFixture) -> None:
@@ -40,7 +40,7 @@ async def test_back_off_doubles_up_to_its_maximum(caplog: pytest.LogCaptureFixtu
     0.4 and 6 attempts, the supervisor waits 0.1, 0.2, 0.4, 0.4, 0.4 s before the restarts, then
     gives the stage up. Each wait is the one it logged: the next start (a new worker process)
     comes no sooner than that after the log record."""
-    caplog.set_level(logging.INFO, logger="pipeline.supervisor")
+    caplog.set_level(logging.INFO, logger="pipeline.runtime.supervisor")
     attempts, first, cap = 6, 0.1, 0.4
     settings = {
         "family": FAMILY,
@@ -60,7 +60,7 @@ async def test_back_off_doubles_up_to_its_maximum(caplog: pytest.LogCaptureFixtu
     assert [b for _, b in records] == [0.1, 0.2, 0.4, 0.4, 0.4], records
     # Each failed start's error precedes its restart record, and the next start's failure
     # comes at least the back-off later (relative order and spacing, from the log itself).
-    failures = [r.created for r in caplog.records if r.name == "pipeline.supervisor"
+    failures = [r.created for r in caplog.records if r.name == "pipeline.runtime.supervisor"
                 and re.search(r"stage talker: failed to start", r.getMessage())]
     assert len(failures) == attempts, failures
     for (logged, backoff), next_failure in zip(records, failures[1:], strict=True):

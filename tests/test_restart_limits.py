@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pipeline.errors import StageFailedError
-from pipeline.events import TurnDone, TurnFailed
-from pipeline.orchestrator import Pipeline
-from pipeline.supervisor import StageState
+from pipeline.runtime.supervisor import StageState
+from pipeline.turns.events import TurnDone, TurnFailed
+from pipeline.turns.orchestrator import Pipeline
 from tests.test_pipeline_runtime import collect, turn, until
 
 FAMILY = "tests.fake_family"
@@ -64,7 +64,7 @@ async def test_workers_lost_before_serving_give_the_stage_up(
 ) -> None:
     """Workers that die (kill -9), then one that hangs (SIGSTOP), none having served a
     request: restarted after backoff_s, then twice that, then the stage is given up."""
-    caplog.set_level(logging.INFO, logger="pipeline.supervisor")
+    caplog.set_level(logging.INFO, logger="pipeline.runtime.supervisor")
     pid = pipeline.health().stages["voicebox"].pid
     for _ in range(MAX_ATTEMPTS - 1):
         os.kill(pid, signal.SIGKILL)
@@ -87,7 +87,7 @@ async def test_workers_lost_before_serving_give_the_stage_up(
 async def test_a_stage_that_serves_between_losses_is_always_restarted(
     pipeline: Pipeline, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="pipeline.supervisor")
+    caplog.set_level(logging.INFO, logger="pipeline.runtime.supervisor")
     losses = MAX_ATTEMPTS + 2
     for i in range(losses):
         events = await collect(pipeline, turn(f"served-{i}", 5))

@@ -34,11 +34,13 @@ from agent.serving.rollout_state import (
     save,
     served_after_restart,
 )
-from pipeline.events import AudioChunk, Turn, TurnDone
-from pipeline.families.build_support import write_json
-from pipeline.model_versions import ModelVersionError, declare_output_schema
+from pipeline.families.kit.build_support import write_json
+from pipeline.model_version import ModelVersion
+from pipeline.runtime.supervisor import StageState, StageStatus
+from pipeline.settings import PipelineSettings
 from pipeline.stage import ThinkerJob, ThinkerOutput
-from pipeline.supervisor import StageState, StageStatus
+from pipeline.turns.events import AudioChunk, Turn, TurnDone
+from pipeline.version_checks import ModelVersionError, declare_output_schema
 from tests.rtc_client import dead_peer_offer
 from tests.served import Served, serve
 
@@ -48,8 +50,10 @@ class Stage:
     `refused`): each turn waits for `go`, then says `pcm` (none by default) and is done;
     cancels are noted; a text completion answers `answer`, its job noted."""
 
-    def __init__(self, pcm: np.ndarray | None = None, refused: str | None = None) -> None:
-        self.settings = SimpleNamespace(family="tiny", models_dir=Path("/m"))
+    def __init__(self, pcm: np.ndarray | None = None, refused: str | None = None,
+                 model_version: str = "1") -> None:
+        self.settings = PipelineSettings(family="tiny", models_dir=Path("/m"),
+                                         model_version=model_version)
         self.go = asyncio.Event()
         self.pcm = pcm
         self.refused = refused
@@ -95,8 +99,8 @@ class Stage:
 
 def registry(root: Path = Path("/m")) -> tuple[ModelRegistry, ServedVersion, ServedVersion]:
     models = ModelRegistry("tiny")
-    one = ServedVersion("tiny", "1", "tiny", root, Stage(), owned=False)
-    two = ServedVersion("tiny", "2", "tiny", root / "versions/2", Stage(), owned=True)
+    one = ServedVersion("tiny", ModelVersion(root), "tiny", Stage(), owned=False)
+    two = ServedVersion("tiny", ModelVersion(root, "2"), "tiny", Stage(), owned=True)
     models.add(one, default=True)
     models.add(two)
     return models, one, two
@@ -249,7 +253,7 @@ async def test_a_version_declaring_an_output_schema_must_answer_json_valid_for_i
     models, one, two = registry(tmp_path)
     (two.root / "tiny").mkdir(parents=True)
     write_json(two.root / "tiny/manifest.json", {"family": "tiny"})
-    declare_output_schema(two.root, "tiny", MOOD)
+    declare_output_schema(two.model, "tiny", MOOD)
     two.pipeline.pcm, two.pipeline.answer = np.full(2400, 0.1, np.float32), answer
     two.pipeline.go.set()
     rollouts = Rollouts(models, Settings(profile="tiny", data_dir=tmp_path),
@@ -277,12 +281,13 @@ async def test_a_restart_serves_again_the_versions_the_last_rollout_left_serving
                                 percent=50, serving=["1", "2"]))
     settings = served_after_restart(Settings(profile="tiny", data_dir=tmp_path))
     models, built = ModelRegistry("tiny"), []
-    two = ServedVersion("tiny", "2", "tiny", tmp_path / "versions/2", Stage(), owned=False)
+    two = ServedVersion("tiny", ModelVersion(tmp_path, "2"), "tiny", Stage(), owned=False)
     models.add(two, default=True)
 
     def build(version: Settings) -> Stage:
         built.append(version.model_version)
-        return Stage(refused=None if version.model_version == "1" else "not built")
+        return Stage(refused=None if version.model_version == "1" else "not built",
+                     model_version=version.model_version)
 
     rollouts = Rollouts(models, settings, build=build)
     rollouts.recover()
@@ -324,7 +329,7 @@ async def test_readyz_forgets_a_failed_start_once_a_rollout_replaced_its_version
                 break
             await asyncio.sleep(0.05)
         assert ready.status_code == 503 and "does not match" in ready.json()["detail"]
-        two = ServedVersion("tiny", "2", "tiny", tmp_path / "versions/2",
+        two = ServedVersion("tiny", ModelVersion(tmp_path, "2"), "tiny",
                             Stage(np.full(2400, 0.1, np.float32)), owned=False)
         two.pipeline.go.set()
         app.state.models.add(two)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.realtime.semantic_turns import PAUSE_MS
+from agent.realtime.turn_taking.semantic_turns import PAUSE_MS
 from tests.audio_fixtures import speech_bounds
 from tests.metrics_samples import grew, scrape
 from tests.product_calls import assert_valid_events, connect, session_of, spoken

@@ -8,8 +8,8 @@ from typing import Any
 from openai.types.realtime import RealtimeSessionCreateRequest
 
 from agent.config import ConversationSettings
-from agent.realtime.semantic_turns import PAUSE_MS, turn_ending
 from agent.realtime.session_config import SessionConfig, configure
+from agent.realtime.turn_taking.semantic_turns import PAUSE_MS, turn_ending
 from media.vad import VadConfig
 
 # The server's own VAD (OMNIVOX_VAD__*), apart from the class's defaults in what server_vad

@@ -17,7 +17,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from pipeline.shm import (
+from pipeline.tensors.shm import (
     BlockPool,
     BlockRef,
     PoolExhaustedError,
@@ -358,7 +358,7 @@ def test_a_process_killed_inside_the_header_lock_does_not_wedge_the_pool(pool: B
 
 
 def test_attaching_from_an_unrelated_process_neither_unlinks_nor_warns(pool: BlockPool) -> None:
-    script = ("import sys; from pipeline.shm import BlockPool; "
+    script = ("import sys; from pipeline.tensors.shm import BlockPool; "
               f"p = BlockPool.attach({pool.name!r}, 40); p.release(p.write(__import__('numpy')"
               ".ones(3), timeout=1)); p.close()")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -369,7 +369,8 @@ def test_attaching_from_an_unrelated_process_neither_unlinks_nor_warns(pool: Blo
 
 
 def test_the_transport_modules_do_not_import_torch() -> None:
-    script = "import sys, pipeline.shm, pipeline.cuda_ipc; print('torch' in sys.modules)"
+    script = ("import sys, pipeline.tensors.shm, pipeline.tensors.cuda_ipc; "
+              "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

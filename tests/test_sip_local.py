@@ -25,8 +25,8 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from agent.bench.asr_score import word_error_rate
 from agent.bench.speech import resample
+from pipeline.families.kit.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from pipeline.families.local.build import ASR_DIR, FAMILY
-from pipeline.families.speech_recognizer import RecognizerSettings, SpeechRecognizer
 from tests.conftest import local_models_dir
 from tests.product_calls import wait_until
 from tests.served import Served

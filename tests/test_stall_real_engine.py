@@ -21,7 +21,7 @@ import pytest
 from agent.app import create_app
 from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline
-from pipeline.supervisor import StageState
+from pipeline.runtime.supervisor import StageState
 from tests.conftest import wait_ready
 from tests.product_calls import assert_valid_events, connect, say, wait_until
 from tests.served import Served, serve

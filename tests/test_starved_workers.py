@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.orchestrator import Pipeline
+from pipeline.runtime.supervisor import StageState
 from pipeline.stage import ThinkerJob
-from pipeline.supervisor import StageState
+from pipeline.turns.orchestrator import Pipeline
 from tests.test_pipeline_runtime import until
 
 FAMILY = "tests.fake_family.busy"
@@ -102,7 +102,7 @@ async def replaced(pipe: Pipeline, stage: str, old_pid: int) -> None:
 def decisions(caplog: pytest.LogCaptureFixture, stage: str, words: str) -> list[str]:
     """The supervisor's log lines about `stage` that contain `words`."""
     return [r.getMessage() for r in caplog.records
-            if r.name == "pipeline.supervisor" and f"stage {stage}" in r.getMessage()
+            if r.name == "pipeline.runtime.supervisor" and f"stage {stage}" in r.getMessage()
             and words in r.getMessage()]
 
 
@@ -116,7 +116,7 @@ async def patient() -> AsyncIterator[Pipeline]:
 async def test_a_starved_worker_is_left_running(
     patient: Pipeline, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="pipeline.supervisor")
+    caplog.set_level(logging.WARNING, logger="pipeline.runtime.supervisor")
     before = patient.health().stages["thinker"]
     job = asyncio.create_task(busy(patient, "starved", STEPS))
     async with starved(before.pid):
@@ -133,7 +133,7 @@ async def test_a_starved_worker_is_left_running(
 async def test_a_stopped_worker_is_hung_and_replaced(
     patient: Pipeline, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="pipeline.supervisor")
+    caplog.set_level(logging.WARNING, logger="pipeline.runtime.supervisor")
     before = patient.health().stages["talker"]
     os.kill(before.pid, signal.SIGSTOP)  # never continued: the supervisor's SIGKILL ends it
     await replaced(patient, "talker", before.pid)
@@ -148,7 +148,7 @@ async def test_a_stopped_worker_is_hung_and_replaced(
 async def test_a_worker_starved_past_the_grace_is_replaced(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="pipeline.supervisor")
+    caplog.set_level(logging.WARNING, logger="pipeline.runtime.supervisor")
     async with Pipeline(settings(grace_s=1.0)) as pipe:
         before = pipe.health().stages["thinker"]
         job = asyncio.create_task(busy(pipe, "too-long", 1000))
@@ -170,7 +170,7 @@ async def test_a_held_up_supervisor_does_not_take_its_own_silence_for_the_worker
     """The supervisor's own loop blocked past the heartbeat timeout (as a synchronous caller
     sharing it blocks it) leaves the beats sent meanwhile unread: no worker is judged hung for
     that, and none is replaced."""
-    caplog.set_level(logging.WARNING, logger="pipeline.supervisor")
+    caplog.set_level(logging.WARNING, logger="pipeline.runtime.supervisor")
     before = {stage: status.pid for stage, status in patient.health().stages.items()}
     time.sleep(TIMEOUT_S * 3)  # blocks this loop, the supervisor's: deliberately
     await asyncio.sleep(TIMEOUT_S * 2)  # rounds enough to judge, had the silence counted

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.families.build_support import read_manifest
+from pipeline.families.kit.build_support import read_manifest
 from pipeline.families.tiny import TinyTalker, TinyThinker, TinyVoiceBox, build_tiny
 from pipeline.families.tiny.audio_encoder import TinyAudioEncoder
-from pipeline.shm import BlockPool
 from pipeline.stage import (
     TalkerJob,
     TalkerOutput,
@@ -28,6 +27,7 @@ from pipeline.stage import (
     VoiceBoxJob,
     VoiceBoxOutput,
 )
+from pipeline.tensors.shm import BlockPool
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.families.kit.torch_placement import Placement
 from pipeline.families.qwen25_omni.audio_tower import AudioTower
 from pipeline.families.qwen25_omni.release import write_tiny_release
 from pipeline.families.qwen25_omni.token2wav_window import Window, WindowRenderer
 from pipeline.families.qwen25_omni.voicebox import load_speakers, load_token2wav
-from pipeline.families.torch_placement import Placement
 
 CPU_F32 = Placement(torch.device("cpu"), torch.float32)
 CPU_BF16 = Placement(torch.device("cpu"), torch.bfloat16)

@@ -18,7 +18,7 @@ from agent.bench.turn_ends import (
     pauses_of,
     summary,
 )
-from agent.realtime.semantic_turns import EAGERNESS, PAUSE_MS
+from agent.realtime.turn_taking.semantic_turns import EAGERNESS, PAUSE_MS
 from media.audio_format import SAMPLES_PER_MS
 from tests.audio_fixtures import read_wav, speech_bounds, speech_wav
 

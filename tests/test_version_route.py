@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from pipeline.engine_range import running_engines
-from pipeline.families.build_support import read_manifest
+from pipeline.families.kit.build_support import read_manifest
 from tests.openai_clients import clients
 from tests.served import Served
 

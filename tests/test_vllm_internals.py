@@ -17,6 +17,13 @@ from pipeline.engines import vllm_internals
 ADAPTER = "pipeline/engines/vllm_internals.py"
 
 
+def platform_is_cpu() -> bool:
+    """Whether vLLM's platform (what an engine's "auto" device resolves to) is the CPU."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def assert_sets(cls: type, attribute: str) -> None:
     """`cls.__init__` assigns `self.<attribute>`."""
     source = inspect.getsource(cls.__init__)
@@ -54,9 +61,9 @@ def test_device_config_says_the_engine_device() -> None:
     assert "device_type" in names, (
         f"vllm.config.DeviceConfig has no device_type field any more, which {ADAPTER} reads")
     auto = DeviceConfig(device="auto")
-    assert (auto.device_type == "cpu") == vllm_internals.platform_is_cpu(), (
+    assert (auto.device_type == "cpu") == platform_is_cpu(), (
         f"DeviceConfig('auto').device_type is {auto.device_type!r} but "
-        f"current_platform.is_cpu() is {vllm_internals.platform_is_cpu()}")
+        f"current_platform.is_cpu() is {platform_is_cpu()}")
 
 
 def test_cpu_binding_is_still_read_from_the_environment() -> None:
@@ -96,7 +103,7 @@ def test_an_unbound_engine_keeps_the_thread_count_it_is_given(
 
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
-    if not vllm_internals.platform_is_cpu():
+    if not platform_is_cpu():
         pytest.skip("OMPProcessManager configures nothing off the CPU platform")
     threads = vllm_internals.OMP_THREADS_ENV
     monkeypatch.setenv(vllm_internals.CPU_BIND_ENV, "nobind")

@@ -17,13 +17,13 @@ import msgspec
 import numpy as np
 import pytest
 
-from pipeline.events import Turn
-from pipeline.families.queued_voicebox import QueuedVoiceBox
+from pipeline.families.kit.queued_voicebox import QueuedVoiceBox
 from pipeline.settings import PipelineSettings
-from pipeline.shm import BlockPool, BlockRef, PoolExhaustedError
-from pipeline.shm_lease import BlockLease
 from pipeline.stage import StageContext, VoiceBoxJob
-from pipeline.turn import TurnRun
+from pipeline.tensors.shm import BlockPool, BlockRef, PoolExhaustedError
+from pipeline.tensors.shm_lease import BlockLease
+from pipeline.turns.events import Turn
+from pipeline.turns.turn import TurnRun
 
 SPAWN = mp.get_context("spawn")
 BLOCKS, BLOCK_SIZE = 6, 1 << 16

@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent.api.signalling import RESUME_HEADER, json_error, read_body
+from agent.calls.signalling import RESUME_HEADER, json_error, read_body
 from agent.config import Settings
 from agent.realtime.server_events import session_object
 

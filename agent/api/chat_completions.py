@@ -23,14 +23,14 @@ from agent.api.chat_tools import message_of, tool_calls
 from agent.api.completion_slots import CompletionSlots
 from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
-from agent.api.openai_errors import (
+from agent.api.request_body import read_request
+from agent.api.served_models import not_served, resolve
+from agent.guided.functions import Answer, read_answer
+from agent.openai_errors import (
     BUSY_RETRY_S,
     NOT_READY_RETRY_S,
     openai_error,
 )
-from agent.api.request_body import read_request
-from agent.api.served_models import not_served, resolve
-from agent.guided.functions import Answer, read_answer
 from pipeline.errors import (
     PipelineBusyError,
     PipelineError,

@@ -12,7 +12,7 @@ from collections import Counter
 
 from fastapi.responses import JSONResponse
 
-from agent.api.openai_errors import BUSY_RETRY_S, openai_error
+from agent.openai_errors import BUSY_RETRY_S, openai_error
 
 
 class CompletionSlots:

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from agent.api.signalling import json_error
+from agent.calls.signalling import json_error
 from agent.ops.records import CallRecords, RecordsBusyError
 
 router = APIRouter()

@@ -12,8 +12,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from agent.api.openai_errors import openai_error
-from agent.api.signalling import read_body
+from agent.calls.signalling import read_body
+from agent.openai_errors import openai_error
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.api.openai_errors import openai_error
 from agent.api.request_body import read_request
+from agent.openai_errors import openai_error
 from agent.serving.rollout import RolloutRefused, Rollouts
 from agent.serving.rollout_state import Strategy
 

@@ -6,26 +6,25 @@ beside it (agent/serving: each version its own pipeline) and moves the default. 
 `tiny` means the default (or, during a red-black shift, the version the shift sends it to),
 `tiny@2` names a version, any other version is not served. Each version is its family, its
 checkpoint's checksum and the engine range it was built for (its manifest:
-pipeline.model_versions), its state (serving, draining...) and its stages' state.
+pipeline.version_checks), its state (serving, draining...) and its stages' state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from agent.api.openai_errors import openai_error
-from agent.ops.readiness import Readiness
+from agent.calls.readiness import Readiness
+from agent.openai_errors import openai_error
 from agent.serving.binding import unknown_model
 from agent.serving.registry import ModelRegistry, ServedVersion
 from pipeline.engine_range import ENGINES
 from pipeline.families import recognises_speech
-from pipeline.families.build_support import MANIFEST
-from pipeline.model_versions import built_manifest
+from pipeline.families.kit.build_support import MANIFEST
+from pipeline.version_checks import built_manifest
 
 OWNER = "omnivox"
 
@@ -61,7 +60,7 @@ class ServedModel:
     def build(self) -> dict[str, Any]:
         """Its family, checkpoint directory, checksum and engine range (null while not built)."""
         s = self.served
-        manifest = built_manifest(s.root, s.family) or {}
+        manifest = built_manifest(s.model, s.family) or {}
         return {"id": self.id, "name": s.name, "version": s.version,
                 "default": self.default, "family": s.family,
                 "directory": str(s.root / s.family), "checksum": manifest.get("checksum"),
@@ -92,8 +91,8 @@ def served_version(settings: Any, pipeline: Any, owned: bool) -> ServedVersion |
     family = getattr(getattr(pipeline, "settings", None), "family", None)
     if family is None:  # a media-only server (or a test's stand-in) answers with no models
         return None
-    return ServedVersion(settings.profile, settings.model_version, family,
-                         Path(pipeline.settings.models_dir), pipeline, owned=owned)
+    return ServedVersion(settings.profile, pipeline.settings.version, family, pipeline,
+                         owned=owned)
 
 
 def readiness_of(app: FastAPI, model: ServedModel) -> Readiness:

@@ -26,12 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agent.api.completion_slots import CompletionSlots
 from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, RunStream, unless_gone
-from agent.api.openai_errors import pipeline_refusal
 from agent.api.request_body import read_request
 from agent.api.served_models import not_served, resolve
 from agent.api.speech_audio import FORMATS, SpeechEncoder
 from agent.calls.websocket_audio import WIRE_RATE, Resampler, pcm16
-from pipeline.events import AudioChunk, Event, Turn, TurnDone, TurnFailed
+from agent.openai_errors import pipeline_refusal
+from pipeline.turns.events import AudioChunk, Event, Turn, TurnDone, TurnFailed
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -21,16 +21,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict
 
 from agent.api.completion_slots import CompletionSlots
-from agent.api.form_data import MULTIPART, form_parts
 from agent.api.model_metrics import measured
 from agent.api.model_run import CLIENT_GONE, ModelRun, unless_gone
-from agent.api.openai_errors import openai_error, pipeline_refusal
 from agent.api.request_body import BadRequest, parse_body
 from agent.api.served_models import not_served, resolve
-from agent.api.signalling import read_body
+from agent.calls.signalling import read_body
+from agent.form_data import MULTIPART, form_parts
+from agent.openai_errors import openai_error, pipeline_refusal
 from media.audio_file import AudioFileError, decode_audio_file
 from media.audio_format import SAMPLE_RATE
-from pipeline.events import Event, Transcript, Turn, TurnDone, TurnFailed
+from pipeline.turns.events import Event, Transcript, Turn, TurnDone, TurnFailed
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -25,8 +25,8 @@ from agent.bench.answer_score import Answered, by_category
 from agent.bench.answer_set import QUESTIONS, Question
 from agent.bench.report import write_json
 from agent.profiles import load_profiles
-from pipeline.shm import BlockPool
 from pipeline.stage import ThinkerJob
+from pipeline.tensors.shm import BlockPool
 
 TARGET = 0.80  # share right through speech (issue 17)
 SPEAKERS = ("en-us", "en-gb", "en-us+m3", "en-us+f2")  # asr_voices.VOICES' espeak voices

@@ -24,8 +24,9 @@ from tqdm import tqdm
 
 from agent.bench.asr_confidence import asking_again
 from agent.bench.asr_corpus import Corpus, Utterance
-from agent.bench.asr_score import normalise, word_error_rate
-from pipeline.families.speech_recognizer import (
+from agent.bench.asr_score import Heard, word_error_rate
+from pipeline.families.kit.faster_whisper_internals import encode
+from pipeline.families.kit.speech_recognizer import (
     RecognizerSettings,
     SpeechRecognizer,
     as_float,
@@ -54,23 +55,10 @@ class Config:
                 f"window={s.silence_before_s:g}+{s.window_min_s:g}+{s.silence_after_s:g}")
 
 
-@dataclass(frozen=True)
-class Heard:
-    utterance: Utterance
-    text: str
-    wall_ms: float
-    cpu_ms: float
-    mean_log_prob: float  # the decoder's confidence in `text` (asr_confidence.py)
-
-    @property
-    def right(self) -> bool:
-        return normalise(self.text) == normalise(self.utterance.text)
-
-
 def model_dir(model: str) -> Path:
     """The CTranslate2 directory of `model`: the local family's tiny.en straight from its
     installed package (no build), or a directory given as such (another Whisper, e.g. base)."""
-    from pipeline.families import packaged
+    from pipeline.families.kit import packaged
 
     if model == "tiny.en":
         return packaged.WHISPER["model.bin"].locate().parent
@@ -136,8 +124,6 @@ def time_split(config: Config, corpus: Corpus,
                utterances: Sequence[Utterance]) -> dict[str, float]:
     """Median ms of a ~3 s clean utterance's recognition: features, encoder, whole call (the
     decoder being the rest)."""
-    import ctranslate2
-
     recognizer = SpeechRecognizer(model_dir(config.model), config.settings)
     parts: dict[str, list[float]] = {"features": [], "encoder": [], "total": []}
     for utterance in utterances:
@@ -148,7 +134,7 @@ def time_split(config: Config, corpus: Corpus,
         if window is None:
             continue
         began = time.perf_counter()
-        recognizer.model.model.encode(ctranslate2.StorageView.from_array(window))
+        encode(recognizer.model, window)
         parts["encoder"].append((time.perf_counter() - began) * 1000)
         began = time.perf_counter()
         recognizer.transcribe(samples, PROMPT_CONTEXT)

@@ -10,12 +10,9 @@ catches, how many heard right it asks again needlessly, and the word error rate 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agent.bench.asr_score import word_error_rate
-
-if TYPE_CHECKING:
-    from agent.bench.asr import Heard
+from agent.bench.asr_score import Heard, word_error_rate
 
 THRESHOLDS = (-0.3, -0.4, -0.5, -0.65, -0.8, -1.0)
 

@@ -92,7 +92,7 @@ def print_groups(result: dict[str, Any]) -> None:
 def add_parser(bench_cmd: Any) -> None:
     """`omnivox bench asr`'s flags (lists are comma-separated; every combination is run). The
     defaults are the local profile's recognizer settings."""
-    from pipeline.families.speech_recognizer import RecognizerSettings
+    from pipeline.families.kit.speech_recognizer import RecognizerSettings
 
     profile = RecognizerSettings()
     fallback = "on" if len(profile.temperatures) > 1 else "off"

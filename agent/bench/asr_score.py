@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import jiwer
+
+from agent.bench.asr_corpus import Utterance
 
 _ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
@@ -59,3 +62,18 @@ def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> flo
     refs = [normalise(r) for r in references]
     hyps = [normalise(h) for h in hypotheses]
     return float(jiwer.wer(refs, hyps))
+
+
+@dataclass(frozen=True)
+class Heard:
+    """What the recogniser wrote down for one utterance, and what it cost."""
+
+    utterance: Utterance
+    text: str
+    wall_ms: float
+    cpu_ms: float
+    mean_log_prob: float  # the decoder's confidence in `text` (asr_confidence.py)
+
+    @property
+    def right(self) -> bool:
+        return normalise(self.text) == normalise(self.utterance.text)

@@ -79,7 +79,7 @@ def _piper_speak(text: str, rate: float) -> tuple[np.ndarray, int]:
 @cache
 def _piper(rate: float) -> tuple[PhonemeMap, PiperVoice]:
     """The voice's phoneme map and model at a speed, loaded once."""
-    from pipeline.families import packaged
+    from pipeline.families.kit import packaged
     from pipeline.families.local.phonemizer import PhonemeMap
     from pipeline.families.local.piper_voice import PiperVoice
 

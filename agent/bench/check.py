@@ -26,6 +26,7 @@ from typing import Any
 
 from agent.bench.report import write_json
 from agent.config import REPO_ROOT
+from pipeline import environment
 
 BASELINE = REPO_ROOT / "docs" / "measurements" / "baseline.json"
 TOLERANCE = 0.25  # a figure this much worse than its baseline is flagged
@@ -146,8 +147,9 @@ def measure(run: Run, models_dir: Path) -> dict[str, dict[str, Any]]:
         argv = [sys.executable, "-m", "agent.cli", "bench", *run.args,
                 "--models-dir", str(models_dir), "--json", str(out)]
         print(f"omnivox bench check: {run.name}: {' '.join(argv[3:-2])}", flush=True)
-        done = subprocess.run(argv, cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                              capture_output=True, text=True, check=False)
+        env = environment.child_environment({"PYTHONUNBUFFERED": "1"})
+        done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              check=False)
         if done.returncode != 0 or not out.exists():
             sys.stdout.write(done.stdout[-4000:] + done.stderr[-4000:])
             raise RuntimeError(f"bench check: {run.name} failed (exit {done.returncode})")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 from pathlib import Path
 from typing import Any
 
-from agent.config import Settings, add_setting_flags
+from agent.config import Settings, add_api_key_option, add_setting_flags
+from pipeline import environment
 
 # The benchmarks whose module has its own `add_parser(bench_cmd)` and `command(args, settings)`.
 MODULE_BENCHES = {
@@ -75,8 +75,7 @@ def add_calls_parser(bench_cmd: Any) -> None:
                        help="light: callers send Opus packets encoded once and hear replies "
                        "from packet sizes, so they cost far less CPU than the server "
                        "(default: full, aiortc's encoder and decoder)")
-    calls.add_argument("--api-key", default=os.environ.get("OMNIVOX_API_KEY"),
-                       help="Bearer key for a server with API keys (or OMNIVOX_API_KEY)")
+    add_api_key_option(calls)
     calls.add_argument("--turn-detection", choices=("server_vad", "semantic_vad"), default=None,
                        help="the callers' session.update turn_detection.type (default: the "
                        "server's, server_vad with a 500 ms silence)")
@@ -126,7 +125,7 @@ def bench_pipeline(args: argparse.Namespace, settings: Settings) -> int:
     from agent.bench.report import print_pipeline_report, write_json
     from agent.profiles import pipeline_settings
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the figures, not engine chatter
+    environment.set_default("VLLM_LOGGING_LEVEL")  # the figures, not engine chatter
     result = run_bench(pipeline_settings(settings), tokens=args.tokens)
     result["profile"] = settings.profile
     print_pipeline_report(result)

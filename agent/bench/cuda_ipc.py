@@ -25,9 +25,9 @@ from typing import Any
 
 import msgspec
 
-from pipeline.cuda_ipc import CudaIpcRef, TensorRef
-from pipeline.shm import BlockPool
 from pipeline.stage import StageContext, TalkerJob
+from pipeline.tensors.cuda_ipc import CudaIpcRef, TensorRef
+from pipeline.tensors.shm import BlockPool
 
 SIZES = [1 << 20, 16 << 20, 64 << 20]
 REPEATS = 20

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from agent.bench.gpu_families import FAMILIES, FamilyRun, prepare
 from agent.bench.gpu_memory import MemoryWatch
 from agent.bench.gpu_tests import CUDA_IPC_TESTS, pytest_outcome
 from agent.bench.pipeline_turns import run_turn
+from pipeline import environment
 
 NO_CUDA = ("omnivox bench gpu: no CUDA device here (torch.cuda.is_available() is False); "
            "--size tiny runs the same check on the CPU, --dry-run only builds and sizes")
@@ -67,7 +67,7 @@ def command(args: Any, settings: Any) -> int:
     if args.size == "real" and not cuda and not args.dry_run:
         print(NO_CUDA)
         return 2
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the figures, not engine chatter
+    environment.set_default("VLLM_LOGGING_LEVEL")  # the figures, not engine chatter
     root = args.root or Path(settings.models_dir) / f"gpu-check-{args.size}"
     levels = ([int(n) for n in args.levels.split(",")] if args.levels
               else LEVELS[args.size])
@@ -103,8 +103,8 @@ def run_check(families: list[str], size: str, root: Path, cuda: bool, levels: li
 
 async def _serve(run: FamilyRun, levels: list[int], size: str) -> dict[str, Any]:
     """Start the family's pipeline, run each level, stop it."""
-    from pipeline.orchestrator import Pipeline
     from pipeline.settings import PipelineSettings
+    from pipeline.turns.orchestrator import Pipeline
 
     audio = caller_audio() if run.audio else None
     began = time.perf_counter()

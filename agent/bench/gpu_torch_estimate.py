@@ -26,6 +26,7 @@ from agent.bench.gpu_torch_kit import (
     qwen2_config,
     thinker_config,
 )
+from pipeline.families.kit.transformers_internals import audio_encoder_class, model_from_config
 
 META = torch.device("meta")
 # effective TFLOP/s assumed on one H200 (dense peaks: about 990 bf16, 67 float32 without TF32)
@@ -71,7 +72,7 @@ def _token2wav(target: Target, levels: Sequence[int]) -> tuple[int, float]:
     from transformers import Qwen2_5OmniToken2WavModel
 
     config: Any = omni_config(target.size).token2wav_config
-    model = on_device(lambda: Qwen2_5OmniToken2WavModel._from_config(config), META)
+    model = on_device(lambda: model_from_config(Qwen2_5OmniToken2WavModel, config), META)
     dit, frames = model.code2wav_dit_model, WINDOW_TOKENS * config.dit_config.repeats
     evaluations = 4 * (streams.NUM_STEPS[target.size] - 1)  # RK4 over the ODE's steps
     per_eval = flops(lambda: dit(
@@ -102,10 +103,10 @@ def _audio_tower(target: Target) -> tuple[int, float]:
     """Two FLOPs a parameter a row: 25 rows a second of audio, 50 between its convolutions and
     its pooling, where its layers run (the encoder's shapes depend on the audio's length, which
     meta tensors cannot hold)."""
-    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
+    Qwen2_5OmniAudioEncoder = audio_encoder_class()
 
     config = thinker_config(target.size).audio_config
-    encoder = on_device(lambda: Qwen2_5OmniAudioEncoder._from_config(config), META)
+    encoder = on_device(lambda: model_from_config(Qwen2_5OmniAudioEncoder, config), META)
     rows = 50 * sum(parts.UTTERANCE_S) * (1 + parts.REPEATS)
     return parameters(encoder), 2.0 * parameters(encoder) * rows
 

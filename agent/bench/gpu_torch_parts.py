@@ -31,6 +31,7 @@ from agent.bench.gpu_torch_kit import (
     timed,
     weight_gib,
 )
+from pipeline.families.kit.transformers_internals import audio_encoder_class, model_from_config
 
 REPEATS = 3  # timings per figure (their median), after one warm-up
 UTTERANCE_S = (1.0, 2.0, 8.0)
@@ -43,14 +44,15 @@ CUT_LAYERS = 2
 def audio_tower_part(target: Target) -> dict[str, Any]:
     """The audio tower's milliseconds per utterance and per second of caller audio."""
     from transformers import WhisperFeatureExtractor
-    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
+    Qwen2_5OmniAudioEncoder = audio_encoder_class()
 
+    from pipeline.families.kit.torch_placement import Placement
     from pipeline.families.qwen25_omni.audio_tower import AudioTower
-    from pipeline.families.torch_placement import Placement
 
     config = thinker_config(target.size).audio_config
-    encoder = on_device(lambda: Qwen2_5OmniAudioEncoder._from_config(config, dtype=target.dtype),
-                        target.device, target.dtype)
+    encoder = on_device(
+        lambda: model_from_config(Qwen2_5OmniAudioEncoder, config, dtype=target.dtype),
+        target.device, target.dtype)
     tower = AudioTower(WhisperFeatureExtractor(feature_size=config.num_mel_bins), encoder,
                        Placement(target.device, target.dtype))
     rows = []
@@ -78,7 +80,7 @@ def thinker_states_part(target: Target, levels: list[int]) -> dict[str, Any]:
     text = thinker_config(target.size).text_config
     layers = states_layers(target, text)
     config = qwen2_config(text, layers)
-    model = on_device(lambda: Qwen2Model._from_config(config, dtype=target.dtype),
+    model = on_device(lambda: model_from_config(Qwen2Model, config, dtype=target.dtype),
                       target.device, target.dtype)
     states = ThinkerStates(model)
     prompts = []

@@ -31,6 +31,7 @@ from agent.bench.gpu_torch_kit import (
     synchronize,
     weight_gib,
 )
+from pipeline.families.kit.transformers_internals import model_from_config
 
 W = TypeVar("W")
 MAX_BATCH = 16  # both VoiceBoxes' default max_batch
@@ -105,8 +106,9 @@ def token2wav_part(target: Target, levels: Sequence[int], also_float32: bool) ->
     )
 
     config: Any = omni_config(target.size).token2wav_config
-    model = on_device(lambda: Qwen2_5OmniToken2WavModel._from_config(config, dtype=target.dtype),
-                      target.device, target.dtype)
+    model = on_device(
+        lambda: model_from_config(Qwen2_5OmniToken2WavModel, config, dtype=target.dtype),
+        target.device, target.dtype)
     renderer = WindowRenderer(model, settings=SamplerSettings(num_steps=NUM_STEPS[target.size]))
     row: dict[str, Any] = {
         "parameters": parameters(model), "parameters_dit": parameters(model.code2wav_dit_model),

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from agent.bench.transport import DEFAULT_SIZES, shm_vs_pickle
-from pipeline.events import AudioChunk, Turn, TurnDone
-from pipeline.orchestrator import Pipeline
 from pipeline.settings import PipelineSettings
+from pipeline.turns.events import AudioChunk, Turn, TurnDone
+from pipeline.turns.orchestrator import Pipeline
 
 MESSAGES = [{"role": "system", "content": "You are a friendly voice assistant."},
             {"role": "user", "content": "Tell me about the opening hours of the library."}]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
 import socket
 import subprocess
@@ -24,6 +23,8 @@ from typing import Any
 
 import httpx
 import psutil
+
+from pipeline import environment
 
 LAG_METRIC = "omnivox_event_loop_lag_seconds"  # histogram (agent/ops/metrics.py)
 LAG_P99_METRIC = "omnivox_event_loop_lag_p99_seconds"  # gauge: the last minute's p99
@@ -75,8 +76,8 @@ class ServerProcess:
         return self.process.pid
 
     def __enter__(self) -> ServerProcess:
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL",
-                                                                  "WARNING")}
+        env = environment.child_environment(
+            {"VLLM_LOGGING_LEVEL": environment.get("VLLM_LOGGING_LEVEL") or "WARNING"})
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=env)

@@ -7,7 +7,6 @@ the setup installs) so that no recording ships with the project and every run sa
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import tempfile
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import av
 import numpy as np
+
+from pipeline import environment
 
 MIC_RATE = 16_000  # the callers' microphones
 
@@ -48,7 +49,7 @@ def espeak(text: str, path: Path, voice: str | None = None,
 
 
 def default_speech_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    cache = environment.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "omnivox" / "bench-speech"
 
 

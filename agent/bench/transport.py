@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 import msgspec
 import numpy as np
 
-from pipeline.shm import BlockPool, BlockRef
+from pipeline.tensors.shm import BlockPool, BlockRef
 
 DEFAULT_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 FLAT_FROM = 64 << 10  # the smallest size the product path's flatness is judged from

@@ -1,10 +1,11 @@
-"""`omnivox bench turn-ends`: when semantic end of turn (agent/realtime/semantic_turns.py) ends the
-spoken corpus's turns, against the silence alone (server_vad, 500 ms).
+"""`omnivox bench turn-ends`: when semantic end of turn
+(agent/realtime/turn_taking/semantic_turns.py) ends the spoken corpus's turns, against the silence
+alone (server_vad, 500 ms).
 
 Each utterance of the corpus (asr_corpus.py: finished questions, and sentences broken off by a
 400-800 ms pause, then finished) goes through a call's VAD with the judged pause, followed by
 silence. At each pause the local Thinker, started in this process with the profile's settings,
-hears the words so far and scores them as a call's turn does (pipeline/families/end_of_turn.py),
+hears the words so far and scores them as a call's turn does (pipeline/families/kit/end_of_turn.py),
 timed. Each eagerness is then replayed on those scores: a pause ends the turn when its score
 reaches the threshold and the judgement is back before the caller speaks again; a silence as
 long as the eagerness's ends it regardless. Reported: how long after the end of a finished
@@ -27,7 +28,7 @@ from agent.bench.answers import local_thinker, thinker_settings
 from agent.bench.asr_corpus import Corpus, Utterance, load_or_build
 from agent.bench.report import write_json
 from agent.config import DEFAULT_INSTRUCTIONS
-from agent.realtime.semantic_turns import EAGERNESS, PAUSE_MS, TurnEnding
+from agent.realtime.turn_taking.semantic_turns import EAGERNESS, PAUSE_MS, TurnEnding
 from media.audio_format import FRAME_SAMPLES, SAMPLES_PER_MS
 from media.vad import SpeechPaused, SpeechResumed, SpeechStopped, VadConfig, VadSegmenter
 from pipeline.stage import ThinkerJob

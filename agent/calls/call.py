@@ -19,8 +19,9 @@ from aiortc.mediastreams import MediaStreamError
 from agent.calls.call_base import CallBase, CallHandler
 from agent.config import Settings
 from agent.realtime.server_events import dtmf_event_received, session_created
-from agent.realtime.session_config import SavedConversation, SessionConfig, configure
+from agent.realtime.session_config import SavedConversation, configure
 from agent.realtime.transport import AudioOutEnded
+from media.aiortc_internals import data_channel_backlog
 from media.encoded_audio import EncodedAudioTrack
 from media.inbound import InboundAudio
 from media.outbound import OutboundAudioTrack
@@ -69,15 +70,9 @@ class Call(CallBase):
         on any failure the call is closed before raising."""
         try:
             if resumed is not None:
-                self.conversation, self.tools = resumed.config.conversation, resumed.config.tools
-                self.server_vad = self.conversation.server_vad
-                self.vad.reconfigure(resumed.config.vad)
+                self.start = resumed.config
             if session is not None:  # SessionConfigError: refused before any negotiation
-                start = configure(session, SessionConfig(self.conversation, self.vad.config,
-                                                         self.tools), self.settings.vad)
-                self.conversation, self.tools = start.conversation, start.tools
-                self.server_vad = start.conversation.server_vad
-                self.vad.reconfigure(start.vad)
+                self.start = configure(session, self.start, self.settings.vad)
             self.start_handler(handler_factory)  # UnknownVoiceError: refused before negotiation
             resume = getattr(self.handler, "resume", None)
             if resumed is not None and resume is not None:
@@ -172,21 +167,10 @@ class Call(CallBase):
         if channel is None or channel.readyState != "open":
             return
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _unsent(channel):
+        while time.monotonic() < deadline and data_channel_backlog(channel):
             await asyncio.sleep(0.02)
 
     async def close_transport(self) -> None:
         self.outbound.stop()
         await self.pc.close()
 
-
-def _unsent(channel: RTCDataChannel) -> bool:
-    """Whether `channel` still has data queued or in flight. aiortc has no public "all acked",
-    so this looks at its SCTP queues when they are there, and at bufferedAmount otherwise."""
-    sctp = channel.transport
-    return bool(
-        channel.bufferedAmount
-        or getattr(sctp, "_data_channel_queue", None)
-        or getattr(sctp, "_outbound_queue", None)
-        or getattr(sctp, "_sent_queue", None)
-    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -22,7 +23,6 @@ from agent.ops import logs
 from agent.ops.metrics import Metrics
 from agent.ops.records import CallRecords
 from agent.realtime.events import ClientEventError, parse_client_event
-from agent.realtime.function_calls import SessionTools
 from agent.realtime.server_events import (
     error_event,
     new_id,
@@ -30,6 +30,7 @@ from agent.realtime.server_events import (
     speech_started,
     speech_stopped,
 )
+from agent.realtime.session_config import SessionConfig
 from agent.realtime.transport import AudioOut
 from agent.realtime.voices import check_voice
 from media.audio_format import FRAME_MS
@@ -86,11 +87,11 @@ class CallBase:
         self.id = new_id(self.id_prefix)
         self.settings = settings
         self.max_message_bytes = settings.max_event_bytes
-        # The conversation's settings at the start: the server's, or the offer's session.
-        self.conversation = settings.conversation
-        self.tools = SessionTools()  # the functions the call's session declared
-        self.vad = VadSegmenter(settings.vad)
-        self.server_vad = settings.conversation.server_vad  # off: the client commits its turns
+        # What the call's session starts with: the server's, the offer's session, or a resumed
+        # call's (call.py). The session owns it from then on and tells the call (run_with).
+        self.start = SessionConfig(settings.conversation, settings.vad)
+        self.vad = VadSegmenter(self.start.vad)
+        self.server_vad = self.start.conversation.server_vad  # off: the client commits turns
         self.handler: CallHandler | None = None
         self.observers: set[Observer] = set()
         self._input: deque[np.ndarray] = deque()  # 20 ms frames since the last commit (no VAD)
@@ -109,6 +110,22 @@ class CallBase:
         self._events_bucket = TokenBucket(settings.max_events_per_s, settings.max_event_burst)
         self._refusals = TokenBucket(REFUSALS_PER_S, REFUSALS_BURST)
         self._dropped = 0  # messages dropped since the last rate_limit_exceeded error
+
+    @property
+    def conversation(self) -> ConversationSettings:
+        """The conversation's settings the call's session starts with."""
+        return self.start.conversation
+
+    @conversation.setter
+    def conversation(self, settings: ConversationSettings) -> None:
+        self.start = dataclasses.replace(self.start, conversation=settings)
+
+    def run_with(self, config: SessionConfig) -> None:
+        """Take the caller's audio as `config` says from the next frame: through the VAD with
+        its settings, or into the buffer the client commits (turn_detection null). Told at the
+        start and by the call's session, which owns the configuration, at each change."""
+        self.server_vad = config.conversation.server_vad
+        self.vad.reconfigure(config.vad)
 
     # -- events to the caller -------------------------------------------------------------
 
@@ -130,7 +147,9 @@ class CallBase:
         """Hand the call to the handler `factory` makes (the session on the model version the
         call pins); UnknownVoiceError when that model does not speak the voice the call starts
         with, the offer's or the server's (the caller closes the call: the handler lets go of
-        its version there)."""
+        its version there). The caller's audio is taken as the configuration the call starts
+        with says until the session changes it."""
+        self.run_with(self.start)
         self.handler = factory(self) if factory else None
         # The handler's voice: an OpenAI voice name is resolved there (realtime/aliases.py).
         voice = getattr(getattr(self.handler, "settings", None), "voice", self.conversation.voice)
@@ -142,8 +161,8 @@ class CallBase:
         if describe is not None:
             return describe()  # type: ignore[no-any-return]
         return session_object(
-            self.id, self.settings.profile, self.conversation, self.vad.config,
-            self.tools.tools_field(), self.tools.choice_field(),
+            self.id, self.settings.profile, self.conversation, self.start.vad,
+            self.start.tools.tools_field(), self.start.tools.choice_field(),
         )
 
     # -- caller audio ---------------------------------------------------------------------
@@ -198,7 +217,8 @@ class CallBase:
 
     def end_utterance(self) -> bool:
         """End the caller's utterance at the pause it is in, as the end-of-turn silence would
-        (agent/realtime/semantic_turns.py); False when the caller is not in a pause."""
+        (agent/realtime/turn_taking/semantic_turns.py); False when the caller is not in a
+        pause."""
         event = self.vad.end_now()
         if event is None:
             return False

@@ -8,10 +8,10 @@ from typing import Any
 
 from agent.calls.call import Call
 from agent.calls.call_base import CallBase
+from agent.calls.readiness import FailureSource
 from agent.calls.resume import ResumeStore
 from agent.config import Settings
 from agent.ops.metrics import Metrics
-from agent.ops.readiness import FailureSource
 from agent.ops.records import CallRecords
 from agent.realtime.server_events import stage_failed_event
 from agent.realtime.session_config import SavedConversation

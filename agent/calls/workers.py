@@ -1,6 +1,6 @@
 """Call workers, the front's side: N processes (`omnivox call-worker`), each an app on its own
 unix socket that holds its calls' WebRTC peers, VAD, sessions and pacing, all on the front's one
-pipeline (each attaches to it: pipeline/orchestrator.py `Pipeline.attach`, engines never
+pipeline (each attaches to it: pipeline/turns/orchestrator.py `Pipeline.attach`, engines never
 duplicated). The front keeps which call lives on which worker, how many each holds (polled),
 and restarts a worker that dies: its calls are lost, and their records say so
 (`call_worker_died`); the pool blocks it held are reclaimed; the other workers go on.
@@ -79,7 +79,7 @@ def versions_of(models: ModelRegistry) -> list[dict[str, Any]]:
                                                     VersionState.DRAINING):
             continue
         served.append({"name": version.name, "version": version.version,
-                       "family": version.family, "root": str(version.root),
+                       "family": version.family, "models_dir": str(version.model.models_dir),
                        "default": models.is_default(version),
                        "shifted_percent": shifted_percent(models, version),
                        "address": dataclasses.asdict(address)})

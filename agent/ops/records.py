@@ -32,11 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from agent.realtime.history import Conversation, Item
-    from agent.realtime.reply import Reply
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -108,69 +104,13 @@ class TurnRecord:
     usage: str | None
 
 
-def turn_record(
-    call_id: str,
-    reply: Reply,
-    conversation: Conversation,
-    status: str,
-    transcript: str,
-    *,
-    error: str | None = None,
-    reason: str | None = None,
-) -> TurnRecord:
-    """The record of `reply` ending now (call on the event loop: its times are loop times)."""
-    loop_now, wall_now = asyncio.get_running_loop().time(), time.time()
-
-    user_text, user_item_id = _user_part(conversation, reply)
-    return TurnRecord(
-        call_id=call_id,
-        turn_id=reply.turn_id,
-        response_id=reply.response_id,
-        item_id=reply.item_id,
-        user_item_id=user_item_id,
-        user_transcript=user_text,
-        agent_transcript=transcript,
-        status=status,
-        reason=reason,
-        error=error,
-        started_at=wall_now - (loop_now - reply.started_at),
-        first_audio_ms=_after_start_ms(reply, reply.first_audio_at),
-        first_frame_ms=_after_start_ms(reply, reply.first_frame_at),
-        ended_at=wall_now,
-        audio_ms=reply.spoken.total_ms,
-        cut_ms=reply.cut_ms,
-        underruns=reply.underruns,
-        usage=json.dumps(reply.usage, default=str) if reply.usage is not None else None,
-    )
-
-
-def _after_start_ms(reply: Reply, at: float | None) -> float | None:
-    """A loop time of `reply` as ms after it started, as its record keeps it."""
-    return None if at is None else round((at - reply.started_at) * 1000, 1)
-
-
-def _user_part(conversation: Conversation, reply: Reply) -> tuple[str | None, str | None]:
-    """What the caller said that the reply answered: the user items (typed or spoken) since the
-    previous assistant item, and the id of the last one."""
-    items = conversation.items
-    end = next((i for i, item in enumerate(items) if item.item_id == reply.item_id), None)
-    users: list[Item] = []
-    for item in reversed(items[:end] if end is not None else []):
-        if item.role != "user":
-            break
-        users.insert(0, item)
-    text = " ".join(item.text for item in users if item.text) or None
-    last_id = reply.user_item_id or (users[-1].item_id if users else None)
-    return text, last_id
-
-
 Job = Callable[[sqlite3.Connection], Any]
 
 
 class CallRecords:
     """The record store: open it once (lifespan), hand it to every call, close it last.
 
-    Producers (`call_started`, `call_ended`, `turn_ended`) run on the event loop and never
+    Producers (`call_started`, `call_ended`, `add_turn`) run on the event loop and never
     block; they return whether the record was queued. A store made with `data_dir=None`, or
     not open, takes nothing (a server built without its lifespan, and unit tests of calls).
     """
@@ -253,35 +193,16 @@ class CallRecords:
             )
         )
 
-    def turn_ended(
-        self,
-        call_id: str,
-        reply: Reply,
-        conversation: Conversation,
-        status: str,
-        transcript: str,
-        *,
-        error: str | None = None,
-        reason: str | None = None,
-    ) -> bool:
-        """Record a turn that just ended (the session's one hook)."""
-        if not self.is_open:
-            return False
-        record = turn_record(
-            call_id, reply, conversation, status, transcript, error=error, reason=reason
-        )
-        return self.add_turn(record)
-
-    def first_frame_sent(self, reply: Reply) -> bool:
+    def first_frame_sent(self, response_id: str, first_frame_ms: float | None) -> bool:
         """Add the first frame's time to a turn recorded before it was sent: a reply whose
         audio was all queued when it ended (one prepared at the caller's pause and taken whole
         at the end of the turn) ends before the sender's next 20 ms tick."""
-        ms = _after_start_ms(reply, reply.first_frame_at)
         sql = ("UPDATE turns SET first_frame_ms = ? "
                "WHERE response_id = ? AND first_frame_ms IS NULL")
-        return self._submit(lambda db: db.execute(sql, (ms, reply.response_id)))
+        return self._submit(lambda db: db.execute(sql, (first_frame_ms, response_id)))
 
     def add_turn(self, record: TurnRecord) -> bool:
+        """Record a turn that just ended (the session's one hook)."""
         row = vars(record)  # shallow: every field is a plain value
         sql = f"INSERT INTO turns ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})"
         return self._submit(lambda db: db.execute(sql, tuple(row.values())))

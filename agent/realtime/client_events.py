@@ -5,10 +5,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import numpy as np
+
+from agent.config import ConversationSettings
 from agent.realtime.aliases import model_alias, transcription_alias
-from agent.realtime.function_calls import configure_tools
+from agent.realtime.function_calls import SessionTools, configure_tools
+from agent.realtime.history import Conversation
+from agent.realtime.reply import Reply
 from agent.realtime.server_events import (
     conversation_item_deleted,
     conversation_item_retrieved,
@@ -32,20 +37,81 @@ from agent.realtime.session_config import (
     update_fields,
 )
 from agent.realtime.transcribing import writes_speech_down
+from agent.realtime.transport import CallTransport
 from agent.realtime.voices import check_voice
 from media.audio_format import SAMPLE_RATE
-
-if TYPE_CHECKING:
-    from agent.realtime.session import Session
 
 log = logging.getLogger(__name__)
 MIN_COMMIT_MS = 100  # OpenAI's least input audio a commit takes
 
 
+class EventTarget(Protocol):
+    """What the client's events act on: the session's live configuration and the model behind
+    it (session.update), its replies (response.*, output_audio_buffer.clear), the caller's
+    committed audio (input_audio_buffer.*) and its history (conversation.item.*)."""
+
+    @property
+    def call(self) -> CallTransport: ...
+
+    # -- the configuration, and the model it names --
+    @property
+    def config(self) -> SessionConfig: ...
+
+    @property
+    def settings(self) -> ConversationSettings: ...
+
+    @property
+    def tools(self) -> SessionTools: ...
+
+    def apply(self, config: SessionConfig) -> None: ...
+
+    def session_object(self) -> dict[str, Any]: ...
+
+    @property
+    def pipeline(self) -> Any: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    def spoken(self, voice: str) -> str: ...
+
+    def serves(self, model_id: str) -> bool: ...
+
+    def pin(self, model_id: str) -> None: ...
+
+    def aliased(self, kind: str, asked: str, meant: str) -> None: ...
+
+    # -- replies --
+    @property
+    def reply(self) -> Reply | None: ...
+
+    @property
+    def cancelling(self) -> Reply | None: ...
+
+    @property
+    def previous_reply(self) -> Reply | None: ...
+
+    def start_reply(self, text_only: bool | None = None, tools: SessionTools | None = None,
+                    metadata: dict[str, str] | None = None) -> Reply: ...
+
+    def cancel_reply(self, reason: str = "client_cancelled",
+                     audio_end_ms: int | None = None) -> bool: ...
+
+    def interrupt(self, reason: str, audio_end_ms: int | None = None) -> bool: ...
+
+    def heard(self, reply: Reply) -> str: ...
+
+    # -- the caller's audio and the history --
+    def commit(self, item_id: str, pcm: np.ndarray) -> None: ...
+
+    @property
+    def conversation(self) -> Conversation: ...
+
+
 class ClientEvents:
     """The session's half that listens: one handler per client event type, in one table."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: EventTarget) -> None:
         self.session = session
         self.handlers: dict[str, Callable[[Any], None]] = {
             "session.update": self.session_update,
@@ -101,7 +167,7 @@ class ClientEvents:
         and the model version to pin (None: the call's own); ValueError naming a refusal."""
         live = self.session
         aliases = live.call.settings.aliases
-        config = configure(update, live.config(), live.call.settings.vad)
+        config = configure(update, live.config, live.call.settings.vad)
         if config.conversation.transcription_only and not writes_speech_down(live.pipeline):
             raise NoTranscriptionsError(f"the model {live.model_id} does not write speech down: "
                                         "transcription sessions need a family that does "
@@ -181,7 +247,7 @@ class ClientEvents:
         """The caller's audio since the last commit becomes a turn (server VAD off: with it
         on, the VAD commits)."""
         call = self.session.call
-        if call.server_vad:
+        if self.session.settings.server_vad:
             call.send_event(error_event(
                 "input_audio_buffer.commit is supported with turn_detection null only (the "
                 "server VAD commits the caller's turns)",

@@ -21,7 +21,7 @@ from agent.realtime.server_events import (
     response_done,
     response_object,
 )
-from pipeline.events import Turn
+from pipeline.turns.events import Turn
 
 
 class State(enum.StrEnum):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent.realtime.reply import Reply, State
 from agent.realtime.server_events import (
@@ -16,16 +16,20 @@ from agent.realtime.server_events import (
     output_text_delta,
     usage_object,
 )
-from agent.realtime.tool_answers import answered, merged_usage
-from pipeline.events import AudioChunk, TextDelta, Transcript, TurnDone, TurnFailed
-
-if TYPE_CHECKING:
-    from agent.realtime.session import Session
+from agent.realtime.tool_answers import Replying, answered, merged_usage
+from pipeline.turns.events import AudioChunk, TextDelta, Transcript, TurnDone, TurnFailed
 
 log = logging.getLogger(__name__)
 
 
-async def on_pipeline_event(session: Session, reply: Reply, event: Any) -> None:
+class Speaking(Replying, Protocol):
+    """What a reply's events need of the session: what its answer needs (tool_answers.py),
+    and the session's state, which is SPEAKING from the reply's first audio."""
+
+    state: State
+
+
+async def on_pipeline_event(session: Speaking, reply: Reply, event: Any) -> None:
     """What one event of the pipeline turn running `reply` does on the call."""
     if isinstance(event, TextDelta):
         reply.text += event.text
@@ -47,7 +51,7 @@ async def on_pipeline_event(session: Session, reply: Reply, event: Any) -> None:
         session.finish(reply, "failed", error=str(event.error))
 
 
-async def _play(session: Session, reply: Reply, chunk: AudioChunk) -> None:
+async def _play(session: Speaking, reply: Reply, chunk: AudioChunk) -> None:
     """A chunk of the reply's audio to the caller; the first one marks when it began to speak."""
     outbound = session.call.outbound
     if reply.audio_base_ms is None:
@@ -65,7 +69,7 @@ async def _play(session: Session, reply: Reply, chunk: AudioChunk) -> None:
     await session.call.play(reply.response_id, reply.item_id, chunk.pcm, chunk.sample_rate)
 
 
-def _user_transcript(session: Session, reply: Reply, text: str) -> None:
+def _user_transcript(session: Replying, reply: Reply, text: str) -> None:
     """What the caller said, as the recogniser heard it: onto its item, and to the client."""
     if reply.user_item_id is None:
         return

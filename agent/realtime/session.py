@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import deque
 from typing import Any
@@ -14,14 +15,10 @@ import numpy as np
 
 from agent.config import ConversationSettings
 from agent.ops.logs import context as log_context
-from agent.realtime.barge_in import BargeIn
 from agent.realtime.client_events import ClientEvents
 from agent.realtime.function_calls import SessionTools
 from agent.realtime.history import Conversation
-from agent.realtime.idle_timeout import IdleTimeout
-from agent.realtime.pauses import Pauses
 from agent.realtime.playback import Playback
-from agent.realtime.preemptive import PreemptiveReply
 from agent.realtime.reply import Reply, State, done_events
 from agent.realtime.reply_events import on_pipeline_event
 from agent.realtime.server_events import (
@@ -40,9 +37,16 @@ from agent.realtime.server_events import (
 from agent.realtime.session_config import SavedConversation, SessionConfig
 from agent.realtime.transcribing import transcribe
 from agent.realtime.transport import AudioOutEnded, CallTransport
+from agent.realtime.turn_record import turn_record
+from agent.realtime.turn_taking.barge_in import BargeIn
+from agent.realtime.turn_taking.idle_timeout import IdleTimeout
+from agent.realtime.turn_taking.pauses import Pauses
+from agent.realtime.turn_taking.preemptive import PreemptiveReply
+from agent.realtime.turn_taking.semantic_turns import SemanticTurns
+from agent.realtime.turn_taking.server_vad import ServerVadTurns, creates_responses
 from agent.realtime.voices import spoken_voice
 from media.vad import SpeechPaused, SpeechResumed, SpeechStarted, SpeechStopped
-from pipeline.events import Turn
+from pipeline.turns.events import Turn
 
 log = logging.getLogger(__name__)
 UNANSWERED_MAX = 4  # committed utterances kept for the next reply (create_response=false)
@@ -50,17 +54,22 @@ TRACK_END_GRACE_S = 2.0  # for the peer connection's own close to end the call f
 
 
 class Session:
-    """Handler of one call's speech and client events (see agent.calls.call.CallHandler)."""
+    """Handler of one call's speech and client events (see agent.calls.call.CallHandler): the
+    one owner of the call's live configuration, its replies and its history; when turns end,
+    start early or are cut off is its turn-taking policies' to say (turn_taking/)."""
 
     def __init__(self, call: CallTransport, pipeline: Any, settings: ConversationSettings) -> None:
         self.call = call
         self.pipeline = pipeline
         # The OpenAI names this session used and what each meant here (aliases.py).
         self.aliases: dict[str, dict[str, str]] = {}
-        self.settings = settings.model_copy(update={"voice": self.spoken(settings.voice)})
-        if self.settings.voice != settings.voice:
-            self.aliased("voice", settings.voice, self.settings.voice)
-        self.tools = call.tools
+        # The live configuration, this session's alone: the call and its VAD are told of it
+        # (apply), never asked for it back.
+        voice = self.spoken(settings.voice)
+        self._config = dataclasses.replace(
+            call.start, conversation=settings.model_copy(update={"voice": voice}))
+        if voice != settings.voice:
+            self.aliased("voice", settings.voice, voice)
         self.conversation = Conversation(settings.instructions, settings.max_history_items)
         self.state = State.LISTENING
         self.reply: Reply | None = None
@@ -70,17 +79,37 @@ class Session:
         # The caller's committed utterances that no reply has heard yet (audio, not history).
         self._unanswered: deque[tuple[str, np.ndarray]] = deque(maxlen=UNANSWERED_MAX)
         self.client_events = ClientEvents(self)
-        self.playback = Playback(self)
-        self.pauses = Pauses(self)  # the reply started at the caller's pause, if any
-        self.barge_in = BargeIn(self)
+        self.playback = Playback(call, lambda: self.last_reply, self._played_out)
+        # Turn-taking, one policy each (turn_taking/), each told only what it needs.
+        self.end_of_turn = ServerVadTurns(self, call.id)
+        judge = SemanticTurns(lambda: self.settings.eagerness, call.end_utterance,
+                              call.metrics, call.id)
+        # The reply started at the caller's pause, if any.
+        self.pauses = Pauses(self, judge, call.metrics, call.spawn, call.id)
+        self.barge_in = BargeIn(self, call.vad, call.metrics, call.id)
         self.idle = IdleTimeout(self._idle_expired)
+
+    @property
+    def config(self) -> SessionConfig:
+        """The conversation, VAD and tool settings the session runs with now."""
+        return self._config
+
+    @property
+    def settings(self) -> ConversationSettings:
+        """The conversation's settings now (the live configuration's)."""
+        return self._config.conversation
+
+    @property
+    def tools(self) -> SessionTools:
+        """The functions the session declared, and its tool choice, now."""
+        return self._config.tools
 
     def session_object(self) -> dict[str, Any]:
         if self.settings.transcription_only:
             return transcription_session_object(self.call.id, self.model_id, self.settings,
-                                                self.call.vad.config)
+                                                self.config.vad)
         return session_object(
-            self.call.id, self.model_id, self.settings, self.call.vad.config,
+            self.call.id, self.model_id, self.settings, self.config.vad,
             self.tools.tools_field(), self.tools.choice_field(),
         )
 
@@ -119,22 +148,17 @@ class Session:
             raise ValueError(f"model: this server serves no model versions to pin {model_id!r}")
         pin(model_id)
 
-    def config(self) -> SessionConfig:
-        """The conversation, VAD and tool settings the call runs with now."""
-        return SessionConfig(self.settings, self.call.vad.config, self.tools)
-
     def apply(self, config: SessionConfig) -> None:
-        """Run with `config` from now on (a `session.update` already checked)."""
-        self.settings, self.tools = config.conversation, config.tools
+        """Run with `config` from now on (a `session.update` already checked): the one place
+        the live configuration changes, and the call and its VAD are told."""
+        self._config = config
         self.idle.disarm()  # armed again once the next reply has played out
         self.conversation.instructions = config.conversation.instructions
-        self.call.server_vad = config.conversation.server_vad
-        if config.vad != self.call.vad.config:
-            self.call.vad.reconfigure(config.vad)
+        self.call.run_with(config)
 
     def save(self) -> SavedConversation:
         """The conversation so far, for a caller who may come back (agent/calls/resume.py)."""
-        return SavedConversation(self.conversation, self.config())
+        return SavedConversation(self.conversation, self.config)
 
     def resume(self, history: Conversation) -> None:
         """Go on with a dropped call's history (its settings came with the call, which started
@@ -174,13 +198,7 @@ class Session:
 
     def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None:
         self.barge_in.speech_ended(event)
-        if self.audible_reply() is not None:
-            # Too short to barge in (or barge-in is off): not a turn of its own.
-            log.info(
-                "call %s: %d ms of caller audio during a reply ignored",
-                self.call.id,
-                event.audio_end_ms - event.audio_start_ms,
-            )
+        if not self.end_of_turn.is_turn(event):
             return
         self.commit(item_id, event.pcm)
         self.pauses.discard()  # not taken by the reply the commit started (if any)
@@ -192,11 +210,17 @@ class Session:
         """The caller went on after a pause: the turn started there is not wanted."""
         self.pauses.discard()
 
-    def answers_at_end_of_turn(self) -> bool:
-        """Whether the caller's utterance under way gets a reply of its own when the VAD ends
-        it: no reply is audible, none waits for an answer, the session creates responses."""
-        return (self.audible_reply() is None and not self._unanswered
-                and self.settings.create_response and self.settings.server_vad)
+    @property
+    def unanswered(self) -> int:
+        """The caller's committed utterances that no reply has heard yet."""
+        return len(self._unanswered)
+
+    def turn_at_pause(self, pcm: np.ndarray) -> Turn | None:
+        """The turn a reply to `pcm` would run if the caller's utterance ended now (under the
+        session's own modalities and tools); None when its end would start no reply."""
+        if not self.end_of_turn.answers():
+            return None
+        return self.next_turn(pcm, self.settings.text_only, self.tools)
 
     def commit(self, item_id: str, pcm: np.ndarray) -> None:
         """The caller's utterance `pcm` (16 kHz) becomes a conversation item, answered now
@@ -207,10 +231,10 @@ class Session:
         for event in item_added_and_done(user_audio_item(item_id, None)):
             self.call.send_event(event)
         if self.settings.transcription_only:  # written down, never answered
-            self.call.spawn(transcribe(self, item_id, pcm))
+            self.call.spawn(transcribe(self.pipeline, self.call, self.conversation, item_id, pcm))
             return
         self._unanswered.append((item_id, pcm))
-        if self.settings.create_response and self.settings.server_vad:  # else: response.create
+        if creates_responses(self.settings):  # else: the client asks, response.create
             self.start_reply()
 
     def interrupt(self, reason: str, audio_end_ms: int | None = None) -> bool:
@@ -370,8 +394,8 @@ class Session:
         if item is not None:
             item.text = transcript
         # Recorded before response.done goes out: whoever saw that event finds the turn.
-        self.call.records.turn_ended(self.call.id, reply, self.conversation, status, transcript,
-                                     error=error, reason=reason)
+        self.call.records.add_turn(turn_record(self.call.id, reply, self.conversation, status,
+                                               transcript, error=error, reason=reason))
         for event in done_events(reply, status, transcript, usage, error, reason):
             self.call.send_event(event)
         # A cancelled reply finishes after its aborts: by then a newer one may have ended.
@@ -386,6 +410,13 @@ class Session:
         if status == "completed" and not audible:
             self.playback.stopped(reply)
         if self.reply is None and not audible:
+            self.fell_silent()
+
+    def _played_out(self) -> None:
+        """A reply's audio has all played (playback.py): with none under way, the agent is
+        silent and listening."""
+        if self.reply is None:
+            self.state = State.LISTENING
             self.fell_silent()
 
     def fell_silent(self) -> None:
@@ -438,8 +469,9 @@ class Session:
         if self.reply is not None:
             reply, self.reply = self.reply, None
             self.call.metrics.turn_ended("cancelled", None)  # the call hung up mid-reply
-            self.call.records.turn_ended(self.call.id, reply, self.conversation, "cancelled",
-                                         self.heard(reply), reason="call_ended")
+            self.call.records.add_turn(turn_record(self.call.id, reply, self.conversation,
+                                                   "cancelled", self.heard(reply),
+                                                   reason="call_ended"))
             await self.pipeline.cancel(reply.turn_id)
             if reply.task is not None:
                 reply.task.cancel()

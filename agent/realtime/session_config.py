@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from agent.config import ConversationSettings
 from agent.realtime.function_calls import SessionTools, ToolsError, configure_tools
 from agent.realtime.history import Conversation
-from agent.realtime.semantic_turns import semantic_vad, server_vad
+from agent.realtime.turn_taking.semantic_turns import semantic_vad, server_vad
 from media.rnnoise_internals import RnnoiseInternalsError, library
 from media.vad import VadConfig
 

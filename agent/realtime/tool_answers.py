@@ -4,9 +4,11 @@ recites them, and an answer cut off by the length bound ends the reply incomplet
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from agent.config import ConversationSettings
 from agent.guided.functions import FunctionCall, call_text, read_answer
+from agent.realtime.history import Conversation
 from agent.realtime.reply import Reply
 from agent.realtime.server_events import (
     conversation_item_added,
@@ -17,13 +19,32 @@ from agent.realtime.server_events import (
     output_item_added,
     usage_object,
 )
-from pipeline.events import Turn, TurnDone
-
-if TYPE_CHECKING:
-    from agent.realtime.session import Session
+from agent.realtime.transport import CallTransport
+from pipeline.turns.events import Turn, TurnDone
 
 
-def answered(session: Session, reply: Reply, done: TurnDone) -> None:
+class Replying(Protocol):
+    """What a reply's answer needs of the session it runs in: the call the events go to, the
+    history they join, the settings a follow-up turn speaks with, and the reply's message item
+    announced or the reply closed."""
+
+    @property
+    def call(self) -> CallTransport: ...
+
+    @property
+    def conversation(self) -> Conversation: ...
+
+    @property
+    def settings(self) -> ConversationSettings: ...
+
+    def announce(self, reply: Reply) -> None: ...
+
+    def finish(self, reply: Reply, status: str, usage: dict[str, Any] | None = None,
+               error: str | None = None, reason: str | None = None,
+               text: str | None = None) -> None: ...
+
+
+def answered(session: Replying, reply: Reply, done: TurnDone) -> None:
     """Act on the whole answer of `reply`'s JSON turn."""
     answer = read_answer(done.text)
     reply.answers_in_json, reply.usage = False, done.usage
@@ -42,7 +63,7 @@ def answered(session: Session, reply: Reply, done: TurnDone) -> None:
                        reason="max_output_tokens", text="")
 
 
-def announce_call(session: Session, reply: Reply, call: FunctionCall) -> None:
+def announce_call(session: Replying, reply: Reply, call: FunctionCall) -> None:
     """The call joins the history and goes to the client: the item, then its arguments (one
     delta, whole: they are only known valid once the JSON closes)."""
     reply.call, reply.call_item_id = call, new_id("item")

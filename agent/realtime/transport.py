@@ -9,10 +9,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agent.config import ConversationSettings, Settings
+from agent.config import Settings
 from agent.ops.metrics import Metrics
 from agent.ops.records import CallRecords
-from agent.realtime.function_calls import SessionTools
+from agent.realtime.session_config import SessionConfig
 from media.vad import VadSegmenter
 
 
@@ -48,12 +48,20 @@ class CallTransport(Protocol):
 
     id: str
     settings: Settings
-    conversation: ConversationSettings
-    tools: SessionTools
-    vad: VadSegmenter
-    server_vad: bool  # the VAD ends the caller's turns; off: the client commits them
+    vad: VadSegmenter  # the caller's speech as it goes (its settings are the session's to tell)
     metrics: Metrics
     records: CallRecords
+
+    @property
+    def start(self) -> SessionConfig:
+        """The configuration the call's session starts with (the server's, the offer's
+        session, a resumed call's); the session owns it from then on."""
+        ...
+
+    def run_with(self, config: SessionConfig) -> None:
+        """Take the caller's audio as the session's `config` says from the next frame: through
+        the VAD with its settings, or into the buffer the client commits (no server VAD)."""
+        ...
 
     # Read-only to the session: a call's outbound is its own kind of AudioOut (an aiortc
     # track, a WebSocket's playout clock), which a settable member would have to be exactly.

@@ -1,4 +1,4 @@
-"""The versions a call worker serves: views of the front's pipelines (pipeline/orchestrator.py
+"""The versions a call worker serves: views of the front's pipelines (pipeline/turns/orchestrator.py
 `Pipeline.attach`), one per served version, never engines of its own. The front tells each
 worker what it serves now (agent/calls/workers.py `versions_of`); rollouts, drains and retires
 stay with the front, a worker only follows: new versions attached, the default moved, a
@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from agent.serving.registry import ModelRegistry, ServedVersion
-from pipeline.orchestrator import Pipeline, PipelineAddress
+from pipeline.model_version import ModelVersion
+from pipeline.turns.orchestrator import Pipeline, PipelineAddress
 
 log = logging.getLogger(__name__)
 
 
 async def follow(models: ModelRegistry, served: list[dict[str, Any]], owner: int) -> None:
     """Make `models` serve what the front's list `served` says (each entry: name, version,
-    family, root, default, the share of new callers a red-black shift sends it, address);
-    pool blocks held here carry `owner`."""
+    family, models directory, default, the share of new callers a red-black shift sends it,
+    address); pool blocks held here carry `owner`."""
     wanted = {f"{entry['name']}@{entry['version']}": entry for entry in served}
     for model_id in [v.id for v in models.versions() if v.id not in wanted]:
         models.remove(model_id)
@@ -29,8 +30,8 @@ async def follow(models: ModelRegistry, served: list[dict[str, Any]], owner: int
         if current is None or current.pipeline.pool.name != address.pool_name:
             pipeline = await Pipeline.attach(address, owner)
             log.info("attached to %s (pool %s)", model_id, address.pool_name)
-            current = ServedVersion(entry["name"], entry["version"], entry["family"],
-                                    Path(entry["root"]), pipeline, owned=True)
+            model = ModelVersion(Path(entry["models_dir"]), entry["version"])
+            current = ServedVersion(entry["name"], model, entry["family"], pipeline, owned=True)
             models.add(current)
         if entry["default"]:
             models.set_default(current)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agent.serving.registry import ModelRegistry, ServedVersion
-from pipeline.events import Event, Turn
+from pipeline.turns.events import Event, Turn
 
 
 class UnknownModelError(ValueError):

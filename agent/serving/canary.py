@@ -1,6 +1,6 @@
 """Canary turns: before a new model version takes a caller, it answers a few turns of its own,
 each of which must end with audible speech; and a version that declares an output schema
-(pipeline.model_versions.OUTPUT_SCHEMA) answers a chat completion guided by it, which must be
+(pipeline.version_checks.OUTPUT_SCHEMA) answers a chat completion guided by it, which must be
 JSON valid against it."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import jsonschema
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.events import AudioChunk, Turn, TurnDone, TurnFailed
 from pipeline.stage import ThinkerJob
+from pipeline.turns.events import AudioChunk, Turn, TurnDone, TurnFailed
 
 CANARY_QUESTION = "Hello, can you hear me? Please say something."
 CANARY_TOKENS = 24  # a sentence or two: enough for the Talker and VoiceBox to speak

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.model_version import ModelVersion
+
 
 class VersionState(enum.StrEnum):
     STARTING = "starting"  # its workers are starting (a rollout's new version)
@@ -28,14 +30,22 @@ class ServedVersion:
     """One version of one model and the pipeline that serves it."""
 
     name: str
-    version: str
+    model: ModelVersion
     family: str
-    root: Path  # its models directory (pipeline.model_versions.version_root)
     pipeline: Any
     owned: bool  # started by the registry (a rollout): the registry stops it
     state: VersionState = VersionState.SERVING
     # The live calls' bindings to it (binding.py): a call keeps the version it started on.
     bindings: set[Any] = field(default_factory=set)
+
+    @property
+    def version(self) -> str:
+        return self.model.number
+
+    @property
+    def root(self) -> Path:
+        """The models directory its stages read."""
+        return self.model.root
 
     @property
     def id(self) -> str:

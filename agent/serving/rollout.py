@@ -23,7 +23,7 @@ from agent.profiles import build_pipeline
 from agent.serving.canary import CanaryFailed, canary_json, canary_turn
 from agent.serving.registry import ModelRegistry, ServedVersion, VersionState
 from agent.serving.rollout_state import Phase, RolloutState, Strategy, load, save
-from pipeline.model_versions import declared_output_schema, version_root
+from pipeline.version_checks import declared_output_schema
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -144,9 +144,8 @@ class Rollouts:
         state `serving` (a rollout's new version: starting)."""
         settings = self.settings.model_copy(update={"model_version": version})
         pipeline = self.build(settings)
-        new = ServedVersion(name, version, pipeline.settings.family,
-                            version_root(settings.models_dir, version), pipeline,
-                            owned=True, state=serving)
+        new = ServedVersion(name, pipeline.settings.version, pipeline.settings.family,
+                            pipeline, owned=True, state=serving)
         self.models.add(new)
         self._started.add(new)
         return new
@@ -180,7 +179,7 @@ class Rollouts:
                                  "first_audio_s": result.first_audio_s,
                                  "seconds": result.seconds})
             self._save(state)
-        schema = await asyncio.to_thread(declared_output_schema, new.root, new.family)
+        schema = await asyncio.to_thread(declared_output_schema, new.model, new.family)
         if schema is not None:
             try:
                 state.canary_json = await canary_json(new.pipeline, f"canary-{new.id}-json",

@@ -5,12 +5,13 @@ phase by phase until it is done (exit 0) or rolled back (exit 1, saying why)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Any
 
 import httpx
+
+from agent.config import add_api_key_option
 
 POLL_S = 1.0
 REQUEST_TIMEOUT_S = 30.0
@@ -37,8 +38,7 @@ def add_parsers(models_cmd: Any) -> None:
                         help="even with calls pinned to it (they move to the default)")
     for parser in (rollout, retire):
         parser.add_argument("--url", required=True, help="the server, e.g. http://host:8000")
-        parser.add_argument("--api-key", default=os.environ.get("OMNIVOX_API_KEY"),
-                            help="Bearer key for a server with API keys (or OMNIVOX_API_KEY)")
+        add_api_key_option(parser)
 
 
 def steps_of(text: str) -> list[int]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
 from pathlib import Path
 from typing import Any
 
+from agent.config import add_api_key_option
 from agent.sip.listener import SipListener
 from agent.sip.settings import (
     BridgeSettings,
@@ -29,8 +29,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                      help="where SIP is answered (UDP and TCP), e.g. 0.0.0.0:5060")
     sip.add_argument("--server", required=True, metavar="URL",
                      help="the omnivox server calls are bridged to, e.g. http://127.0.0.1:8000")
-    sip.add_argument("--api-key", default=os.environ.get("OMNIVOX_API_KEY"),
-                     help="Bearer key for a server with API keys (or OMNIVOX_API_KEY)")
+    add_api_key_option(sip)
     sip.add_argument("--media-ip", default=None,
                      help="the address phones send RTP to (default: the --listen host; "
                      "needed when listening on 0.0.0.0)")

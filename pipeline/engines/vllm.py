@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, cast
 
+from pipeline import environment
 from pipeline.engines import vllm_internals, vllm_noise
 from pipeline.engines.pins import EngineVersions, check_engine_versions
 from pipeline.settings import RUNTIME_DIR_ENV
@@ -33,14 +33,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Loopback only, no telemetry, no hub look-ups; operators may override any of them.
-ENGINE_ENV = {
-    "VLLM_HOST_IP": "127.0.0.1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-}
-RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM puts its engine processes' ipc sockets
+# Set (to pipeline/environment.py's defaults) for vLLM unless the operator has set them.
+ENGINE_ENV = ("VLLM_HOST_IP", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "HF_HUB_OFFLINE",
+              "VLLM_WORKER_MULTIPROC_METHOD")
 
 
 class EngineSettingsError(ValueError):
@@ -167,12 +162,13 @@ class VllmEngine:
         versions = check_engine_versions()
         logger.info("vLLM %s (%s), torch %s: within the pins of omnivox[%s]", versions.vllm,
                     versions.distribution, versions.torch, versions.extra)
-        for key, value in ENGINE_ENV.items():
-            os.environ.setdefault(key, value)
+        for name in ENGINE_ENV:
+            environment.set_default(name)
         # vLLM's engine processes talk over ipc sockets it names in the temp dir and never
         # removes when an engine is killed: in the pipeline's own directory they go with it.
-        if os.environ.get(RUNTIME_DIR_ENV):
-            os.environ.setdefault(RPC_DIR_ENV, os.environ[RUNTIME_DIR_ENV])
+        runtime_dir = environment.get(RUNTIME_DIR_ENV)
+        if runtime_dir:
+            environment.set_default("VLLM_RPC_BASE_PATH", runtime_dir)
         started = time.perf_counter()
         # Handed over in a box, not as the thread's return value: the executor's futures
         # would otherwise keep the engine alive after stop().
@@ -225,7 +221,7 @@ class VllmEngine:
         """The `top` likeliest next tokens after `prompt` with their log probabilities, from
         the model's raw distribution (one prefill, one token, nothing kept): how likely a
         continuation is (an end-of-turn token after a caller's words,
-        pipeline/families/end_of_turn.py)."""
+        pipeline/families/kit/end_of_turn.py)."""
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=top, detokenize=False)

@@ -33,11 +33,12 @@ What each touches, and what upstream offers or would take instead:
 from __future__ import annotations
 
 import copy
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+from pipeline import environment
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -72,31 +73,21 @@ def runs_on_cpu(llm: AsyncLLM) -> bool:
     return llm.vllm_config.device_config.device_type == "cpu"
 
 
-def platform_is_cpu() -> bool:
-    """Whether vLLM's platform (what an engine's "auto" device resolves to) is the CPU."""
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
 @contextmanager
 def cpu_binding(cores: str | None, threads: int | None = None) -> Iterator[None]:
     """Hold the engine-creation lock with VLLM_CPU_OMP_THREADS_BIND set to `cores` and
     OMP_NUM_THREADS to `threads` (each left as it is for None); both are restored on exit."""
     wanted = {CPU_BIND_ENV: cores, OMP_THREADS_ENV: None if threads is None else str(threads)}
     with _CPU_BIND_LOCK:
-        previous = {name: os.environ.get(name) for name in wanted}
+        previous = {name: environment.get(name) for name in wanted}
         for name, value in wanted.items():
             if value is not None:
-                os.environ[name] = value
+                environment.put(name, value)
         try:
             yield
         finally:
             for name, value in previous.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+                environment.put(name, value)
 
 
 def default_logging_config() -> dict[str, Any]:

@@ -27,6 +27,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from pipeline import environment
+
 # (logger, message format string) of each record: exact matches only.
 NOISE_RECORDS = frozenset({
     ("vllm.platforms.cpu", "Triton is not installed. triton-cpu is expected on x86 CPUs."),
@@ -72,11 +74,12 @@ def quiet_this_process() -> None:
 def quiet_engine_processes() -> None:
     """Point the environment vLLM's engine processes inherit at a logging config with the filter,
     and at a warnings filter, unless the operator has set those variables."""
-    if WARNINGS_ENV not in os.environ:
-        os.environ[WARNINGS_ENV] = f"ignore:{NOISE_WARNING}:FutureWarning"
+    if environment.get(WARNINGS_ENV) is None:
+        environment.put(WARNINGS_ENV, f"ignore:{NOISE_WARNING}:FutureWarning")
     # vLLM refuses a config file when its logging configuration is turned off.
-    if LOGGING_CONFIG_ENV not in os.environ and os.environ.get("VLLM_CONFIGURE_LOGGING") != "0":
-        os.environ[LOGGING_CONFIG_ENV] = str(write_logging_config())
+    if (environment.get(LOGGING_CONFIG_ENV) is None
+            and environment.get("VLLM_CONFIGURE_LOGGING") != "0"):
+        environment.put(LOGGING_CONFIG_ENV, str(write_logging_config()))
 
 
 def logging_config() -> dict[str, Any]:

@@ -1,4 +1,10 @@
-"""Model families: each is a package exposing `STAGES` (stage name -> Stage class) and `build`."""
+"""Model families: each is a package exposing `STAGES` (stage name -> Stage class) and `build`.
+
+This package is their registry: it finds a family by its name at run time and imports none
+itself. Families never import one another (`lint-imports`); what they share is in `kit/`, and a
+family that pairs its stages with another's (orpheus speaks what the qwen25_omni or the local
+Thinker writes) asks the registry for that family by name (`load_family`, `family_stage`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,10 @@ import importlib
 import re
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.stage import Stage
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -26,6 +35,17 @@ def load_family(name: str) -> ModuleType:
     ):
         raise TypeError(f"family {name!r} must expose STAGES (dict) and build (callable)")
     return module
+
+
+def family_stage(name: str, stage: str) -> Callable[..., Stage[Any, Any]]:
+    """The family `name`'s Stage class for `stage` (a Thinker, a Talker, a VoiceBox), looked
+    up at run time: how one family runs another's stage beside its own without importing it.
+    Its keyword arguments are the options that family's class takes."""
+    stages = load_family(name).STAGES
+    if stage not in stages:
+        raise KeyError(f"family {name!r} has no stage {stage!r} (it has {sorted(stages)})")
+    found: Callable[..., Stage[Any, Any]] = stages[stage]
+    return found
 
 
 def recognises_speech(name: str) -> bool:

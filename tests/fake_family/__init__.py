@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.stage import (
-    Job,
-    Output,
+    JobT,
+    OutputT,
     Stage,
     StageContext,
     TalkerJob,
@@ -36,6 +36,7 @@ from pipeline.stage import (
     VoiceBoxJob,
     VoiceBoxOutput,
 )
+from pipeline.tensors.shm import BlockRef
 
 WORDS = ("Hello", "there,", "this", "is", "a", "test", "reply.", "It", "has", "clauses,",
          "words", "and", "sentences;", "enough", "to", "cut", "chunks.")
@@ -54,7 +55,7 @@ def reply_words(n: int) -> list[str]:
     return [WORDS[i % len(WORDS)] for i in range(n)]
 
 
-class _FakeStage(Stage):
+class _FakeStage(Stage[JobT, OutputT]):
     """Shared plumbing: settings, the request ids this fake 'engine' holds, abort."""
 
     def __init__(self) -> None:
@@ -99,10 +100,10 @@ class _FakeStage(Stage):
             del self.active[rid]
 
 
-class FakeThinker(_FakeStage):
+class FakeThinker(_FakeStage[ThinkerJob, ThinkerOutput]):
     name = "thinker"
 
-    async def stream(self, job: Job) -> AsyncIterator[Output]:
+    async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         if any("HANG" in m["content"] for m in job.messages):
             time.sleep(3600)  # blocks the event loop on purpose: heartbeats stop
         if any("STALL" in m["content"] for m in job.messages):
@@ -134,11 +135,12 @@ class FakeThinker(_FakeStage):
         return reply_words(job.max_tokens)
 
 
-class FakeTalker(_FakeStage):
+class FakeTalker(_FakeStage[TalkerJob, TalkerOutput]):
     name = "talker"
 
-    async def stream(self, job: Job) -> AsyncIterator[Output]:
+    async def stream(self, job: TalkerJob) -> AsyncIterator[TalkerOutput]:
         for piece in job.text_embeds:  # read, not taken: the API process releases its blocks
+            assert isinstance(piece, BlockRef)  # no CUDA IPC here: blocks alone
             assert self.pool.view(piece).shape[1] == HIDDEN
         async for output in self.speak(job, [ord(c) for c in job.text]):
             yield output
@@ -154,7 +156,7 @@ class FakeTalker(_FakeStage):
         yield TalkerOutput(job.request_id, tokens=group, finished=True, finish_reason="stop")
 
 
-class FakeVoiceBox(_FakeStage):
+class FakeVoiceBox(_FakeStage[VoiceBoxJob, VoiceBoxOutput]):
     """Voices each token as SAMPLES_PER_TOKEN samples of its value. With the setting
     `lookahead_tokens`, a job whose turn has `more` to follow holds back the turn's last ones
     for its next job, as a VoiceBox rendering with lookahead does; the job that ends the turn
@@ -171,7 +173,7 @@ class FakeVoiceBox(_FakeStage):
             self.held.pop(rid.rpartition("/")[0], None)
         await super().abort(request_ids)
 
-    async def stream(self, job: Job) -> AsyncIterator[Output]:
+    async def stream(self, job: VoiceBoxJob) -> AsyncIterator[VoiceBoxOutput]:
         tokens = self._voiced(job)
         async for _ in self._steps(job.request_id, 1):
             if tokens:

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pipeline.stage import Job, Output, ThinkerOutput
+from pipeline.stage import ThinkerJob, ThinkerOutput
 from tests.fake_family import FakeTalker, FakeThinker, FakeVoiceBox
 
 STEP_CPU_S = 0.1
@@ -26,7 +26,7 @@ def spin(cpu_s: float) -> None:
 
 
 class BusyThinker(FakeThinker):
-    async def stream(self, job: Job) -> AsyncIterator[Output]:
+    async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         words = job.messages[-1]["content"].split()
         if words[:1] != ["BUSY"]:
             async for output in super().stream(job):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pipeline.stage import Job, Output, StageContext, ThinkerOutput
+from pipeline.stage import StageContext, TalkerJob, TalkerOutput, ThinkerJob, ThinkerOutput
 from tests.fake_family import HIDDEN, FakeTalker, FakeThinker, FakeVoiceBox, reply_words
 
 ROW = 1000  # rows stay exact integers in float32 up to 2**24, far past any reply length
@@ -32,7 +32,7 @@ class CudaThinker(FakeThinker):
         await super().start(ctx)
         self.pattern = torch.arange(HIDDEN, dtype=torch.float32, device=_cuda_up())
 
-    async def stream(self, job: Job) -> AsyncIterator[Output]:
+    async def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:
         words = reply_words(job.max_tokens)
         async for i in self._steps(job.request_id, len(words)):
             embeds = await self.ctx.send_rows((self.pattern + i * ROW).unsqueeze(0))
@@ -46,7 +46,7 @@ class CudaTalker(FakeTalker):
         await super().start(ctx)
         _cuda_up()
 
-    async def stream(self, job: Job) -> AsyncIterator[Output]:
+    async def stream(self, job: TalkerJob) -> AsyncIterator[TalkerOutput]:
         rows = self.ctx.take_tensors(job.text_embeds)
         if not isinstance(rows, torch.Tensor) or not rows.is_cuda:
             raise TypeError(f"{job.request_id}: the text embeddings did not come on the GPU")

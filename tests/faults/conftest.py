@@ -11,6 +11,7 @@ import pytest
 from agent.app import create_app
 from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline
+from pipeline.model_version import ModelVersion
 from pipeline.models import ensure_models
 from pipeline.settings import STAGE_ORDER
 from tests.conftest import wait_ready
@@ -24,7 +25,7 @@ async def fault_server(tiny_models_dir: Path, tmp_path_factory: pytest.TempPathF
     """The real product on the tiny family, this package's own. Its models dir links each part
     of the shared build, so a test can take one part away (a bad model path) without touching
     the build the other modules use."""
-    await ensure_models("tiny", tiny_models_dir)
+    await ensure_models("tiny", ModelVersion(tiny_models_dir))
     models_dir = tmp_path_factory.mktemp("fault-models")
     (models_dir / "tiny").mkdir()
     for part in STAGE_ORDER:

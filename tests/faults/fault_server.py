@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.orchestrator import Pipeline
+from pipeline.turns.orchestrator import Pipeline
 from tests.rtc_client import RtcCaller
 from tests.served import Served
 
@@ -21,11 +21,12 @@ class FaultServer:
 
     @property
     def pipeline(self) -> Pipeline:
-        return self.served.app.state.pipeline
+        pipeline: Pipeline = self.served.app.state.pipeline
+        return pipeline
 
 
 def connected(served: Served, caller: RtcCaller) -> bool:
     """Both ends of the caller's call are up: the caller's peer and the server's."""
-    call = served.app.state.calls.get(caller.location.rsplit("/", 1)[1])
+    call = served.app.state.calls.get(caller.call_id)
     return (caller.pc.connectionState == "connected" and call is not None
             and call.pc.connectionState == "connected")

@@ -18,8 +18,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.orchestrator import Pipeline
 from pipeline.settings import STAGE_ORDER
+from pipeline.turns.orchestrator import Pipeline
 from tests.faults.fault_server import REPLY_TOKENS, FaultServer, connected
 from tests.health_probe import HealthProbe, ReadyzWatch, percentile
 from tests.product_calls import (

@@ -8,7 +8,7 @@ Layout under `<models_dir>/local/`:
   manifest.json  the source packages' versions and the sha256 of every file
 A build whose manifest still matches (same recipe, same package versions, same files) is
 skipped; otherwise the family is rebuilt whole, in a staging directory under a file lock
-(`pipeline.families.build_support`).
+(`pipeline.families.kit.build_support`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.families import packaged
-from pipeline.families.build_support import build_once, manifest_matches, write_manifest
+from pipeline.families.kit import packaged
+from pipeline.families.kit.build_support import build_once, manifest_matches, write_manifest
 from pipeline.families.local.gguf_llama import convert_gguf_llama
 
 logger = logging.getLogger(__name__)

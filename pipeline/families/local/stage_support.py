@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.families.build_support import MANIFEST
+from pipeline.families.kit.build_support import MANIFEST
+from pipeline.families.kit.packaged import VOICE_NAME
 from pipeline.families.local.build import FAMILY, VOICE_DIR
-from pipeline.families.packaged import VOICE_NAME
 from pipeline.stage import StageContext
 
 

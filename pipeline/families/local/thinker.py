@@ -21,20 +21,21 @@ import msgspec
 import numpy as np
 
 from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine, json_schema_of
-from pipeline.families.context_window import fit_history, reply_budget
-from pipeline.families.end_of_turn import end_of_turn_prompt, probability
-from pipeline.families.local.build import ASR_DIR, LLM_DIR
-from pipeline.families.local.stage_support import family_dir
-from pipeline.families.recite import recited_pieces
-from pipeline.families.request_sampling import with_options
-from pipeline.families.speech_recognizer import (
+from pipeline.families.kit.caller_words import recognizer_dir
+from pipeline.families.kit.context_window import fit_history, reply_budget
+from pipeline.families.kit.end_of_turn import end_of_turn_prompt, probability
+from pipeline.families.kit.recite import recited_pieces
+from pipeline.families.kit.request_sampling import with_options
+from pipeline.families.kit.speech_recognizer import (
     Heard,
     RecognizerSettings,
     SpeechRecognizer,
 )
-from pipeline.families.work_thread import WorkThread
-from pipeline.shm import BlockRef
+from pipeline.families.kit.work_thread import WorkThread
+from pipeline.families.local.build import ASR_DIR, LLM_DIR
+from pipeline.families.local.stage_support import family_dir
 from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput
+from pipeline.tensors.shm import BlockRef
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +84,22 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
 
     name = "thinker"
 
-    # Worked examples put before the conversation unless the profile gives its own.
-    default_examples: tuple[tuple[str, str], ...] = DEFAULT_EXAMPLES
+    def __init__(self, chat_model: Path | None = None) -> None:
+        """`chat_model`: another vLLM chat model directory to answer with than the built
+        family's (orpheus runs this Thinker so, through the families registry, on a real
+        checkpoint's thinker/); the recogniser is then the `asr_dir` setting's, else the
+        packaged tiny.en, and no worked examples are put before the conversation unless the
+        profile gives them (ours are for SmolLM2-135M)."""
+        self.chat_model = chat_model
+        # Worked examples put before the conversation unless the profile gives its own.
+        self.default_examples: tuple[tuple[str, str], ...] = (
+            DEFAULT_EXAMPLES if chat_model is None else ())
 
     def model_dirs(self, ctx: StageContext) -> tuple[Path, Path]:
-        """(recognizer, chat model) directories: the built family's."""
+        """(recognizer, chat model) directories: the built family's, or the chat model's
+        with the recogniser `recognizer_dir` names."""
+        if self.chat_model is not None:
+            return recognizer_dir(ctx.settings), self.chat_model
         root = family_dir(ctx)
         return root / ASR_DIR, root / LLM_DIR
 
@@ -190,7 +202,7 @@ class LocalThinker(Stage[ThinkerJob, ThinkerOutput]):
                       scored: tuple[list[int], int] | None) -> ThinkerOutput:
         """The transcript output with the end-of-turn score of the `scored` prompt, if any:
         the probability the chat model gives the end of the caller's sentence or message after
-        their words (pipeline/families/end_of_turn.py), a reply's prompt before them."""
+        their words (pipeline/families/kit/end_of_turn.py), a reply's prompt before them."""
         if scored is None:
             return heard
         prompt, closing = scored

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pipeline.families.kit.queued_voicebox import QueuedVoiceBox
+from pipeline.families.kit.work_thread import WorkThread
 from pipeline.families.local.piper_voice import PiperVoice
 from pipeline.families.local.stage_support import voice_files
-from pipeline.families.queued_voicebox import QueuedVoiceBox
-from pipeline.families.work_thread import WorkThread
 from pipeline.stage import StageContext
 
 logger = logging.getLogger(__name__)

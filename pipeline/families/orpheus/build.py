@@ -23,7 +23,9 @@ import torch
 from tokenizers import Tokenizer, processors
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.families.build_support import (
+from pipeline.families import load_family
+from pipeline.families.kit.bpe import train_bpe
+from pipeline.families.kit.build_support import (
     build_once,
     manifest_matches,
     write_json,
@@ -40,8 +42,6 @@ from pipeline.families.orpheus.release import (
     thinker_kind,
 )
 from pipeline.families.orpheus.snac_decoder import SNAC_24KHZ, write_snac
-from pipeline.families.qwen25_omni import build_qwen25_omni
-from pipeline.families.tiny.tokenizer import train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ RECIPE = "orpheus-tiny-1"  # bump when the build changes what it writes
 SEED = 4321
 VOCAB_SIZE = 156940  # Orpheus 3B's: 128256 Llama 3 ids + 10 control ids + 7 x 4096 audio ids
 TEXT_VOCAB = 512  # the tiny BPE's own ids, low in the Llama range
+# The tiny BPE's first ids, as this recipe has always trained it (the tiny family's ChatML
+# tokens and audio placeholder; Orpheus's prompts use none of them, but they fix its text ids).
+TEXT_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio|>")
 CONTROL_IDS = {prompt.BEGIN_OF_TEXT: "<|begin_of_text|>", prompt.END_OF_TURN: "<|eot_id|>",
                **{128256 + k: f"<custom_token_{k}>" for k in range(AUDIO_IDS.start - 128256)}}
 TINY_SNAC = {**SNAC_24KHZ, "encoder_dim": 8, "decoder_dim": 64}  # 24 kHz framing, small widths
@@ -61,14 +64,15 @@ def build_orpheus(models_dir: Path, progress: bool = True, seed: int = SEED,
     The qwen25_omni family, whose Thinker this family serves, is built too (tiny, or from the
     checkpoint's thinker/ when that is a Qwen2.5-Omni release). `release`: a real checkpoint
     (release.py), checked, then recorded in the manifest and read where it lies."""
+    omni = load_family(OMNI_THINKER)  # by name, through the registry: a family imports no other
     if release is None:
-        build_qwen25_omni(models_dir, progress=progress)
+        omni.build(models_dir, progress=progress)
     else:
         release = Path(release).resolve()
         check_release(release)
         thinker = (release / THINKER).resolve()
         if thinker_kind(thinker) == OMNI_THINKER:
-            build_qwen25_omni(models_dir, progress=progress, release=thinker)
+            omni.build(models_dir, progress=progress, release=thinker)
         fields = {"family": FAMILY, "recipe": RECIPE, "seed": None, "release": str(release)}
         return build_once(models_dir, FAMILY, lambda target: manifest_matches(target, fields),
                           lambda staging: _write_release_manifest(staging, fields))
@@ -113,7 +117,7 @@ def _write_talker(directory: Path, seed: int) -> None:
 def _write_tokenizer(directory: Path) -> None:
     """The tiny BPE for text, with Llama 3's and Orpheus's control tokens at their real ids
     and <|begin_of_text|> put first, as Llama 3's tokenizer does."""
-    spec = json.loads(train_tokenizer(TEXT_VOCAB).to_str())
+    spec = json.loads(train_bpe(TEXT_VOCAB, TEXT_SPECIAL_TOKENS).to_str())
     spec["added_tokens"] += [
         {"id": token_id, "content": content, "single_word": False, "lstrip": False,
          "rstrip": False, "normalized": False, "special": True}

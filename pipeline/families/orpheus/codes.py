@@ -28,13 +28,6 @@ def code_of(token_id: int, index: int) -> int | None:
     return code if 0 <= code < CODEBOOK_SIZE else None
 
 
-def token_of(code: int, index: int) -> int:
-    """The id of the `index`-th audio token for `code` (the inverse of `code_of`)."""
-    if not 0 <= code < CODEBOOK_SIZE:
-        raise ValueError(f"code {code} outside [0, {CODEBOOK_SIZE})")
-    return AUDIO_BASE + (index % FRAME) * CODEBOOK_SIZE + code
-
-
 class FrameAssembler:
     """Turns one utterance's streamed ids into whole frames of codes.
 

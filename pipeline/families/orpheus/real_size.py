@@ -24,15 +24,16 @@ import torch
 from snac import SNAC
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline.families.build_support import write_json
-from pipeline.families.dummy_weights import (
+from pipeline.families import load_family
+from pipeline.families.kit.build_support import write_json
+from pipeline.families.kit.dummy_weights import (
     meta_tensors,
     parameter_count,
     write_sparse_checkpoint,
 )
 from pipeline.families.orpheus import prompt
 from pipeline.families.orpheus.build import VOCAB_SIZE, _write_tokenizer
-from pipeline.families.orpheus.release import THINKER
+from pipeline.families.orpheus.release import OMNI_THINKER, THINKER
 from pipeline.families.orpheus.snac_decoder import SNAC_24KHZ, write_snac
 
 TALKER, SNAC_DIR = "talker", "snac"  # a real checkpoint's parts
@@ -74,8 +75,6 @@ def write_real_width_checkpoint(directory: Path, layers: int = 1, seed: int = 0,
                                 thinker: Path | None = None) -> Path:
     """Write talker/ (Orpheus 3B's widths, `layers` layers, random weights), snac/ (random)
     and thinker/ (a real-width Qwen2.5-Omni release; `thinker`: link that one instead)."""
-    from pipeline.families.qwen25_omni.real_widths import write_real_width_release
-
     directory = Path(directory)
     config = talker_config()
     config.num_hidden_layers = layers
@@ -93,7 +92,8 @@ def write_real_width_checkpoint(directory: Path, layers: int = 1, seed: int = 0,
     _write_tokenizer(talker)
     write_snac(directory / SNAC_DIR, SNAC_24KHZ, seed)
     if thinker is None:
-        write_real_width_release(directory / THINKER, layers, seed)
+        # the qwen25_omni family's, by name through the registry: a family imports no other
+        load_family(OMNI_THINKER).write_real_widths(directory / THINKER, layers, seed)
     else:
         (directory / THINKER).symlink_to(Path(thinker).resolve())
     return directory

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.families import load_family
 from pipeline.families.orpheus.codes import AUDIO_IDS
-from pipeline.families.qwen25_omni import release as omni_release
 
 TALKER = "talker"
 SNAC = "snac"
@@ -19,7 +19,9 @@ SNAC_RATE = 24_000
 LAYOUT = ("it holds talker/ (an Orpheus release, e.g. canopylabs/orpheus-3b-0.1-ft), snac/ "
           "(hubertsiuzdak/snac_24khz) and thinker/ (a Qwen2.5-Omni release or any vLLM chat "
           "model directory; a symlink to one is fine)")
-OMNI_THINKER = "qwen25_omni"  # a Qwen2.5-Omni release: its thinker hears the caller's audio
+# A Qwen2.5-Omni release: its thinker hears the caller's audio. Also the name of the family
+# that serves it, found through the families registry (a family imports no other).
+OMNI_THINKER = "qwen25_omni"
 CHAT_THINKER = "chat"  # a text chat model: the recognizer hears the caller first
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
@@ -47,8 +49,9 @@ def thinker_kind(directory: Path) -> str:
     """OMNI_THINKER or CHAT_THINKER: what `directory` (with a config.json) serves as the
     Thinker; a clear error naming what a Qwen2.5-Omni release or a chat model lacks."""
     config = json.loads((directory / "config.json").read_text())
-    if config.get("model_type") == omni_release.MODEL_TYPE:
-        omni_release.check_release(directory)
+    omni = load_family(OMNI_THINKER)
+    if config.get("model_type") == omni.CHECKPOINT_MODEL_TYPE:
+        omni.check_checkpoint(directory)
         return OMNI_THINKER
     missing = [what for what, found in (
         ("its architectures in config.json", bool(config.get("architectures"))),

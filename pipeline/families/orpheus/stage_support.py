@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.engines.vllm import EngineSettings
-from pipeline.families.build_support import MANIFEST, read_manifest
+from pipeline.families.kit.build_support import MANIFEST, read_manifest
+from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS
 from pipeline.families.orpheus.release import check_talker
-from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS
 from pipeline.stage import StageContext
 
 FAMILY_DIR = "orpheus"

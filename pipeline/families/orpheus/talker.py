@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 from pipeline.engines.vllm import Sampling, VllmEngine
+from pipeline.families.kit.engine_stage import EngineStage
+from pipeline.families.kit.torch_thread import TorchThread
 from pipeline.families.orpheus.codes import AUDIO_IDS, FRAME, FrameAssembler
 from pipeline.families.orpheus.prompt import DEFAULT_VOICE, END_OF_SPEECH, PromptBuilder
 from pipeline.families.orpheus.stage_support import model_dir, talker_engine
 from pipeline.families.orpheus.windows import WindowCutter
-from pipeline.families.tiny.stage_support import EngineStage, TorchThread
 from pipeline.stage import StageContext, TalkerJob, TalkerOutput
 
 MAX_TOKENS = 1200  # the reference's default per utterance

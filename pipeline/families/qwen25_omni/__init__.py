@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from pipeline.families import exports_on_first_use
 from pipeline.families.qwen25_omni.build import build_qwen25_omni
 from pipeline.families.qwen25_omni.real_widths import write_real_width_release
-from pipeline.families.qwen25_omni.release import check_release
+from pipeline.families.qwen25_omni.release import MODEL_TYPE, check_release
 
 if TYPE_CHECKING:
     from pipeline.families.qwen25_omni.family import STAGES, OmniTalker, OmniThinker, OmniVoiceBox
@@ -18,10 +18,11 @@ if TYPE_CHECKING:
 build = build_qwen25_omni
 write_real_widths = write_real_width_release  # `models build ... --real-widths DIR`
 check_checkpoint = check_release  # a real release, before serving it (--model-path)
+CHECKPOINT_MODEL_TYPE = MODEL_TYPE  # config.json's model_type in the releases it serves
 # Its Thinker writes down what the caller said (Whisper beside it): transcriptions.
 RECOGNISES_SPEECH = True
 
-__all__ = ["RECOGNISES_SPEECH", "STAGES",
+__all__ = ["CHECKPOINT_MODEL_TYPE", "RECOGNISES_SPEECH", "STAGES",
            "OmniTalker", "OmniThinker", "OmniVoiceBox", "build", "build_qwen25_omni",
            "check_checkpoint", "write_real_widths"]
 

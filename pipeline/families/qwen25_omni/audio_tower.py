@@ -1,6 +1,7 @@
 """Qwen2.5-Omni's audio tower: the caller's 16 kHz audio to rows for the thinker's prompt.
 
-transformers' own `Qwen2_5OmniAudioEncoder` module, its weights loaded from the release
+transformers' own `Qwen2_5OmniAudioEncoder` module (which transformers does not export: reached
+through `kit/transformers_internals.py`), its weights loaded from the release
 (`thinker.audio_tower.*`), fed the release's Whisper log-mel features exactly as the
 reference processor makes them: padded to 30 s ("max_length"; the log-mel floor depends on
 the whole padded array), then only the frames of real audio kept. Longer audio is cut at 30 s,
@@ -17,10 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import Qwen2_5OmniConfig, WhisperFeatureExtractor
-from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniAudioEncoder
 
+from pipeline.families.kit.torch_placement import Placement
+from pipeline.families.kit.transformers_internals import (
+    audio_encoder_class,
+    feature_lengths,
+    model_from_config,
+)
 from pipeline.families.qwen25_omni.release import release_tensors
-from pipeline.families.torch_placement import Placement
 
 SAMPLE_RATE = 16000
 INT16_SCALE = 32768.0
@@ -29,7 +34,7 @@ INT16_SCALE = 32768.0
 class AudioTower:
     """16 kHz mono audio -> (rows, thinker hidden) float32 audio features."""
 
-    def __init__(self, features: WhisperFeatureExtractor, encoder: Qwen2_5OmniAudioEncoder,
+    def __init__(self, features: WhisperFeatureExtractor, encoder: torch.nn.Module,
                  placement: Placement):
         self.features = features
         self.encoder = encoder
@@ -41,8 +46,8 @@ class AudioTower:
         float32)."""
         placement = placement or Placement(torch.device("cpu"), torch.float32)
         thinker: Any = Qwen2_5OmniConfig.from_pretrained(release).thinker_config  # a sub-config
-        encoder = Qwen2_5OmniAudioEncoder._from_config(thinker.audio_config,
-                                                       dtype=placement.dtype)
+        encoder = model_from_config(audio_encoder_class(), thinker.audio_config,
+                                    dtype=placement.dtype)
         encoder.load_state_dict(release_tensors(release, "thinker.audio_tower."))
         torch.nn.Module.to(encoder, placement.device)  # in place (typed apart from PreTrained)
         return cls(WhisperFeatureExtractor.from_pretrained(release), encoder.eval(), placement)
@@ -59,7 +64,7 @@ class AudioTower:
         mels = [self._mel(audio) for audio in audios]
         frames: Any = torch.tensor([mel.shape[-1] for mel in mels], device=device)  # a LongTensor
         features = torch.cat(mels, dim=-1).to(device, dtype)
-        after_cnn, rows = self.encoder._get_feat_extract_output_lengths(frames)
+        after_cnn, rows = feature_lengths(self.encoder, frames)
         encoded = self.encoder(features, feature_lens=frames, aftercnn_lens=after_cnn)
         hidden: torch.Tensor = encoded.last_hidden_state
         return list(hidden.split(rows.tolist()))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.families.build_support import (
+from pipeline.families.kit.build_support import (
     MANIFEST,
     build_once,
     manifest_matches,

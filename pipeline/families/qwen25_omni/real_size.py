@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
 
-from pipeline.families.dummy_weights import (
+from pipeline.families.kit.dummy_weights import (
     meta_tensors,
     parameter_count,
     write_sparse_checkpoint,

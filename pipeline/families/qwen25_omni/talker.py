@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 
 from pipeline.engines.vllm import EngineSettings, VllmEngine
+from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS, EngineStage
+from pipeline.families.kit.torch_thread import TorchThread
 from pipeline.families.qwen25_omni.build import FAMILY, release_dir
 from pipeline.families.qwen25_omni.release import speaker_for
 from pipeline.families.qwen25_omni.talker_lm import (
@@ -33,7 +35,6 @@ from pipeline.families.qwen25_omni.talker_lm import (
     load_lm_embedding,
 )
 from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn, speak
-from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
 from pipeline.stage import StageContext, TalkerJob, TalkerOutput
 
 MAX_TURNS = 256  # turns whose state is kept between chunks at most (oldest dropped)

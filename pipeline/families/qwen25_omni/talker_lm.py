@@ -35,7 +35,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from pipeline.families.build_support import write_json
+from pipeline.families.kit.build_support import write_json
 
 LM_DIR = "talker_lm"  # the converted talker's place in the family directory
 EXTRA_DIR = "talker_extra"

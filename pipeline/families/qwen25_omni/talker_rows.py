@@ -13,10 +13,10 @@ import asyncio
 
 import torch
 
-from pipeline.families.batched_work import BatchedWork
+from pipeline.families.kit.batched_work import BatchedWork
+from pipeline.families.kit.work_thread import WorkThread
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
 from pipeline.families.qwen25_omni.thinker_states import ReplyStates, ThinkerStates, step_many
-from pipeline.families.work_thread import WorkThread
 
 BatchedSteps = BatchedWork[tuple[ReplyStates, list[int]], torch.Tensor]
 

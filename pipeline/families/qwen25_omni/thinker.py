@@ -25,7 +25,7 @@ prompt and a second of audio make):
   `prompt_rows` says how many leading rows are the prompt part (`prompt_tokens` on the first
   output with tokens, 0 after), which the cascade hands the Talker in `TalkerJob.prompt_rows`.
 
-The caller's words (`pipeline/families/caller_words.py`): beside the audio tower, Whisper
+The caller's words (`pipeline/families/kit/caller_words.py`): beside the audio tower, Whisper
 tiny.en hears the same utterance in its own thread; its transcript is yielded as soon as it is
 ready (before the last output at the latest), scored for the end of the caller's turn by this
 LM when the job asks (`score_end_of_turn`: one token-id prefill); a `transcribe` job yields the
@@ -54,7 +54,7 @@ import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,21 +66,22 @@ from pipeline.engines.vllm import (
     VllmEngine,
     json_schema_of,
 )
-from pipeline.families.batched_work import BatchedWork
-from pipeline.families.caller_words import CallerWords, with_transcript
-from pipeline.families.context_window import fit_history, reply_budget
-from pipeline.families.end_of_turn import end_of_turn_prompt, probability
+from pipeline.families.kit.batched_work import BatchedWork
+from pipeline.families.kit.caller_words import CallerWords, with_transcript
+from pipeline.families.kit.context_window import fit_history, reply_budget
+from pipeline.families.kit.end_of_turn import end_of_turn_prompt, probability
+from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS, EngineStage
+from pipeline.families.kit.recite import recited_pieces
+from pipeline.families.kit.request_sampling import with_options
+from pipeline.families.kit.torch_placement import Placement
+from pipeline.families.kit.torch_thread import TorchThread
 from pipeline.families.qwen25_omni.build import THINKER_LM, built_family, release_dir
 from pipeline.families.qwen25_omni.talker_rows import TalkerRows, batched_steps
 from pipeline.families.qwen25_omni.thinker_lm import read_embed_table
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt, ThinkerPromptBuilder
 from pipeline.families.qwen25_omni.thinker_states import ThinkerStates
-from pipeline.families.recite import recited_pieces
-from pipeline.families.request_sampling import with_options
-from pipeline.families.tiny.stage_support import ENGINE_DEFAULTS, EngineStage, TorchThread
-from pipeline.families.torch_placement import Placement
-from pipeline.shm import BlockRef
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
+from pipeline.tensors.shm import BlockRef
 
 AUDIO_BATCH = 16  # utterances the audio tower encodes in one pass at most
 
@@ -89,9 +90,12 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
     """Thinker on a Qwen2.5-Omni release: audio tower in torch, LM on vLLM."""
 
     name = "thinker"
-    # False: a Talker that speaks from text (orpheus): no hidden states are computed or sent,
-    # and the worker holds only the LM's embedding table beside vLLM.
-    talker_rows: ClassVar[bool] = True
+
+    def __init__(self, talker_rows: bool = True) -> None:
+        # False: a Talker that speaks from text (orpheus's, which runs this Thinker through
+        # the families registry): no hidden states are computed or sent, and the worker
+        # holds only the LM's embedding table beside vLLM.
+        self.talker_rows = talker_rows
 
     async def start(self, ctx: StageContext) -> None:
         self.ctx = ctx
@@ -196,7 +200,7 @@ class OmniThinker(EngineStage[ThinkerJob, ThinkerOutput]):
 
     async def _end_of_turn(self, rid: str, messages: list[dict[str, str]], words: str) -> float:
         """The probability this Thinker's LM gives the end of the caller's sentence or message
-        after `words` (pipeline/families/end_of_turn.py), the history before them."""
+        after `words` (pipeline/families/kit/end_of_turn.py), the history before them."""
         said = [*messages, {"role": "user", "content": words}]
         fitted = fit_history(said, lambda m: self.prompts.length(m, None), 1,
                              self.max_model_len)

@@ -22,8 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, Qwen2_5OmniConfig, Qwen2Config, Qwen2ForCausalLM
 
-from pipeline.families.build_support import write_json
-from pipeline.families.dummy_weights import meta_tensors, write_sparse_checkpoint
+from pipeline.families.kit.build_support import write_json
+from pipeline.families.kit.dummy_weights import meta_tensors, write_sparse_checkpoint
 from pipeline.families.qwen25_omni.release import (
     WEIGHTS_INDEX,
     release_shards,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.families.kit.torch_placement import Placement
 from pipeline.families.qwen25_omni.audio_tower import AudioTower
-from pipeline.families.torch_placement import Placement
 
 AUDIO = "<|AUDIO|>"
 CHAT_TEMPLATE_FILE = "chat_template.json"

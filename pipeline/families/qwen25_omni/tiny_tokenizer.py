@@ -1,7 +1,7 @@
 """The tiny Qwen2.5-Omni release's tokenizer: a byte-level BPE with the real special tokens.
 
-The BPE is trained locally on the tiny family's built-in corpus (deterministic: same corpus,
-same merges); the special tokens Qwen2.5-Omni's prompts use are added after the BPE
+The BPE is trained locally on the kit's built-in corpus (`kit/bpe.py`; deterministic: same
+corpus, same merges); the special tokens Qwen2.5-Omni's prompts use are added after the BPE
 vocabulary, where the real tokenizer has them. The speaker tokens stand in for the real
 release's per-speaker text-start tokens (`spk_dict.pt`'s `bos_token`); their names are ours.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
+from pipeline.families.kit.bpe import train_bpe
 from pipeline.families.qwen25_omni.tiny_config import TokenIds
-from pipeline.families.tiny.corpus import CORPUS
 
 BPE_SIZE = 448
 VOCAB_SIZE = 512  # the LM's rows: the tokenizer's length rounded up, as the real release does
@@ -45,13 +45,8 @@ CHAT_TEMPLATE = (
 
 
 def train_tokenizer() -> Tokenizer:
-    """The BPE trained on the corpus, then the special tokens appended after it."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=BPE_SIZE, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(CORPUS.splitlines(), trainer)
+    """The kit's BPE on the corpus, then the special tokens appended after it."""
+    tokenizer = train_bpe(BPE_SIZE)
     tokenizer.add_special_tokens(SPECIAL_TOKENS)
     return tokenizer
 

@@ -58,10 +58,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import Qwen2_5OmniToken2WavModel
-from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
-    Qwen2_5OmniToken2WavDiTModel,
-    RungeKutta4ODESolver,
+from transformers import Qwen2_5OmniToken2WavDiTModel, Qwen2_5OmniToken2WavModel
+
+from pipeline.families.kit.transformers_internals import (
+    BlockDiff,
+    block_diff_replaced,
+    ode_solver_class,
 )
 
 CONTEXT_TOKENS = 24  # left context per window, two DiT blocks (chosen from MEASURED)
@@ -221,7 +223,8 @@ def sample(dit: Qwen2_5OmniToken2WavDiTModel, noise: torch.Tensor, conditioning:
                            device=conditioning.device)
     if settings.sway_coefficient is not None:
         times += settings.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
-    trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
+    solver = ode_solver_class()(function=velocity, initial_value=noise)
+    trajectory = solver.integrate(times)
     final: torch.Tensor = trajectory[-1]
     return final.permute(0, 2, 1)
 
@@ -242,29 +245,29 @@ def _masked_padding(dit: Qwen2_5OmniToken2WavDiTModel, frames: Sequence[int],
     """Hide each row's padded frames from its real ones inside the DiT's attention.
 
     The DiT builds every layer's attention mask from one block-distance matrix
-    (`_create_block_diff`); a distance of FAR is outside every layer's reach, so setting it
-    for padded keys masks them. A padded query keeps its own key (distance 0), so no row of
-    the softmax is empty (an empty row is NaN, and NaN times a zero weight spreads).
+    (`_create_block_diff`, replaced through `kit/transformers_internals.py`); a distance of
+    FAR is outside every layer's reach, so setting it for padded keys masks them. A padded
+    query keeps its own key (distance 0), so no row of the softmax is empty (an empty row is
+    NaN, and NaN times a zero weight spreads).
     """
     if all(count == longest for count in frames):
         yield
         return
-    plain = dit._create_block_diff
     padded = torch.arange(longest)[None, :] >= torch.tensor(frames)[:, None]  # (batch, key)
 
-    def masked(hidden_states: torch.Tensor) -> torch.Tensor:
-        # (rows, heads, query, key), the rows being the batch twice over (guidance)
-        diff: torch.Tensor = plain(hidden_states)  # expanded: masked_fill makes the copy
-        rows = diff.shape[0] // len(frames)
-        own = torch.eye(longest, dtype=torch.bool, device=diff.device)
-        hide = padded.to(diff.device).repeat(rows, 1)[:, None, None, :] & ~own
-        return diff.masked_fill(hide, FAR)
+    def masking(plain: BlockDiff) -> BlockDiff:
+        def masked(hidden_states: torch.Tensor) -> torch.Tensor:
+            # (rows, heads, query, key), the rows being the batch twice over (guidance)
+            diff = plain(hidden_states)  # expanded: masked_fill makes the copy
+            rows = diff.shape[0] // len(frames)
+            own = torch.eye(longest, dtype=torch.bool, device=diff.device)
+            hide = padded.to(diff.device).repeat(rows, 1)[:, None, None, :] & ~own
+            return diff.masked_fill(hide, FAR)
 
-    dit._create_block_diff = masked  # type: ignore[method-assign]
-    try:
+        return masked
+
+    with block_diff_replaced(dit, masking):
         yield
-    finally:
-        del dit._create_block_diff
 
 
 @dataclass

@@ -39,9 +39,6 @@ is Chelsie where the release has her); a voice the release lacks fails the job.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -54,7 +51,9 @@ from transformers import (
     Qwen2_5OmniToken2WavModel,
 )
 
-from pipeline.families.queued_voicebox import QueuedJob, QueuedVoiceBox
+from pipeline.families.kit.batched_voicebox import BatchedVoiceBox
+from pipeline.families.kit.torch_placement import Placement
+from pipeline.families.kit.torch_thread import TorchThread
 from pipeline.families.qwen25_omni.build import FAMILY, release_dir
 from pipeline.families.qwen25_omni.release import release_tensors, speaker_for
 from pipeline.families.qwen25_omni.token2wav_window import (
@@ -65,16 +64,8 @@ from pipeline.families.qwen25_omni.token2wav_window import (
     Window,
     WindowRenderer,
 )
-from pipeline.families.tiny.stage_support import TorchThread
-from pipeline.families.torch_placement import Placement
-from pipeline.shm import PoolExhaustedError
-from pipeline.shm_lease import BlockLease
 from pipeline.stage import StageContext, VoiceBoxJob
 
-logger = logging.getLogger(__name__)
-
-BATCH_WINDOW_S = 0.004
-MAX_BATCH = 16
 MAX_TURNS = 1024
 SAMPLE_RATE = 24000  # BigVGAN's output rate in the Qwen2.5-Omni releases
 
@@ -117,10 +108,9 @@ def turn_of(request_id: str) -> str:
     return request_id.rpartition("/")[0]
 
 
-class OmniVoiceBox(QueuedVoiceBox):
+class OmniVoiceBox(BatchedVoiceBox[Window]):
     """VoiceBox on Qwen2.5-Omni's token2wav, windowed and micro-batched."""
 
-    task_label = "batcher"
     holds_tokens = True  # the lookahead held back for a turn's next job
 
     async def start(self, ctx: StageContext) -> None:
@@ -129,50 +119,18 @@ class OmniVoiceBox(QueuedVoiceBox):
         model = await self.torch.run(load_token2wav, release, Placement.of(ctx.settings))
         self.renderer = WindowRenderer(model, settings=sampler_settings(ctx.settings))
         self.speakers = load_speakers(release)
-        self.window_s = float(ctx.settings.get("batch_window_s", BATCH_WINDOW_S))
-        self.max_batch = int(ctx.settings.get("max_batch", MAX_BATCH))
         self.context = int(ctx.settings.get("context_tokens", CONTEXT_TOKENS))
         self.lookahead = int(ctx.settings.get("lookahead_tokens", self.renderer.block_tokens))
         self.max_turns = int(ctx.settings.get("max_turns", MAX_TURNS))
         self.turns: OrderedDict[str, TurnTokens] = OrderedDict()
-        self.forward_calls = 0
-        self.jobs_rendered = 0
-        self._serve(ctx, SAMPLE_RATE)
+        self._batch(ctx, SAMPLE_RATE)
 
     async def abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self.turns.pop(turn_of(request_id), None)
         await super().abort(request_ids)
 
-    async def _render_jobs(self) -> None:
-        while True:
-            batch = [await self.jobs.get()]
-            await asyncio.sleep(self.window_s)  # let concurrent requests' jobs join the batch
-            batch += self.jobs.get_queued(self.max_batch - len(batch))
-            windows = [self._window(entry.job) for entry in batch]  # in order: turns advance
-            live = [(entry, window) for entry, window in zip(batch, windows, strict=True)
-                    if entry.waiting]
-            if live:
-                await self._render_batch(live)
-
-    async def _render_batch(self, live: list[tuple[QueuedJob, Window]]) -> None:
-        """Lease each job's block, render the batch into them and answer each job."""
-        with contextlib.ExitStack() as held:  # blocks not sent go back on the way out
-            leased = await self._lease_each(live, held)
-            if not leased:
-                return
-            try:
-                await self.torch.run(self._render, [(entry.job, window, lease.array)
-                                                    for entry, window, lease in leased])
-            except Exception as exc:  # one bad batch fails its jobs, not the stage
-                logger.exception("voicebox batch of %d jobs failed", len(leased))
-                for entry, _, _ in leased:
-                    entry.fail(exc)
-                return
-            for entry, _, lease in leased:
-                entry.deliver(lease.send())
-
-    def _window(self, job: VoiceBoxJob) -> Window:
+    def _plan(self, job: VoiceBoxJob) -> Window:
         """The job's window, its turn's tokens advanced and kept as the newest while `more`
         of the turn follows; the job that ends the turn drops them."""
         key = turn_of(job.request_id)
@@ -185,34 +143,18 @@ class OmniVoiceBox(QueuedVoiceBox):
                 self.turns.popitem(last=False)
         return window
 
-    async def _lease_each(self, live: list[tuple[QueuedJob, Window]],
-                          held: contextlib.ExitStack
-                          ) -> list[tuple[QueuedJob, Window, BlockLease]]:
-        """A block for each job's PCM; a job for which none comes free in time fails alone."""
-        leased = []
-        for entry, window in live:
-            samples = window.new_tokens * self.renderer.samples_per_token
-            try:
-                lease = await self.ctx.acquire_tensor((samples,))
-            except PoolExhaustedError as exc:
-                entry.fail(exc)
-                continue
-            leased.append((entry, window, held.enter_context(lease)))
-        return leased
+    def _samples_of(self, plan: Window) -> int:
+        return plan.new_tokens * self.renderer.samples_per_token
 
-    def _render(self, jobs: list[tuple[VoiceBoxJob, Window, np.ndarray]]) -> None:
-        """Render the jobs' windows in one batch (in the torch thread), each job's samples
-        copied into its block (a window with nothing to voice yet renders nothing)."""
-        waves = self.renderer.render([window for _, window, _ in jobs],
-                                     [self._speaker(job.voice) for job, _, _ in jobs])
-        for (_, _, out), wave in zip(jobs, waves, strict=True):
+    def _render_batch(self, jobs: list[tuple[VoiceBoxJob, Window]], outs: list[np.ndarray]
+                      ) -> None:
+        """Render the jobs' windows in one batch, each job's samples copied into its block
+        (a window with nothing to voice yet renders nothing)."""
+        waves = self.renderer.render([window for _, window in jobs],
+                                     [self._speaker(job.voice) for job, _ in jobs])
+        for out, wave in zip(outs, waves, strict=True):
             out[:] = wave.numpy()
-        self.forward_calls += 1
-        self.jobs_rendered += len(jobs)
 
     def _speaker(self, voice: str) -> Speaker:
         """The release speaker for a job's voice, chosen as the Talker chooses it."""
         return self.speakers[speaker_for(voice, list(self.speakers))]
-
-    def _close(self) -> None:
-        self.torch.close()

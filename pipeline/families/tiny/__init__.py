@@ -2,7 +2,7 @@
 
 It exercises every code path a real family uses (vLLM engines from model directories,
 prompt embeddings, safetensors, the shared pool) in seconds on a CPU. The stages (which import
-vLLM) load on first use (`family.py`); `build` and the corpus import without them.
+vLLM) load on first use (`family.py`); `build` imports without them.
 """
 
 from typing import TYPE_CHECKING

@@ -4,7 +4,7 @@ Layout under `<models_dir>/tiny/`: thinker/ (Qwen2 LLM, BPE tokenizer, audio enc
 talker/ (Qwen2 over speech codes, projection and speakers), voicebox/ (waveform decoder) and
 manifest.json (sha256 of every file). A build whose manifest still matches is skipped;
 otherwise the family is rebuilt whole, in a staging directory under a file lock
-(`pipeline.families.build_support`).
+(`pipeline.families.kit.build_support`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.families.build_support import (
+from pipeline.families.kit.build_support import (
     build_once,
     manifest_matches,
     write_json,

@@ -15,12 +15,9 @@ from contextlib import aclosing
 import torch
 
 from pipeline.engines.vllm import Sampling, VllmEngine
-from pipeline.families.tiny.stage_support import (
-    EngineStage,
-    TorchThread,
-    engine_settings,
-    part_dir,
-)
+from pipeline.families.kit.engine_stage import EngineStage
+from pipeline.families.kit.torch_thread import TorchThread
+from pipeline.families.tiny.stage_support import engine_settings, part_dir
 from pipeline.families.tiny.talker_prompt import TalkerPromptBuilder
 from pipeline.stage import StageContext, TalkerJob, TalkerOutput
 

@@ -18,19 +18,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.cuda_ipc import TensorRef
 from pipeline.engines.vllm import Sampling, VllmEngine, json_schema_of
-from pipeline.families.context_window import fit_history, reply_budget
-from pipeline.families.recite import recited_pieces
-from pipeline.families.request_sampling import with_options
-from pipeline.families.tiny.stage_support import (
-    EngineStage,
-    TorchThread,
-    engine_settings,
-    part_dir,
-)
+from pipeline.families.kit.context_window import fit_history, reply_budget
+from pipeline.families.kit.engine_stage import EngineStage
+from pipeline.families.kit.recite import recited_pieces
+from pipeline.families.kit.request_sampling import with_options
+from pipeline.families.kit.torch_thread import TorchThread
+from pipeline.families.tiny.stage_support import engine_settings, part_dir
 from pipeline.families.tiny.thinker_prompt import ThinkerPromptBuilder
 from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
+from pipeline.tensors.cuda_ipc import TensorRef
 
 if TYPE_CHECKING:
     import torch

@@ -1,4 +1,4 @@
-"""The tiny Thinker's text tokenizer: a byte-level BPE trained locally on the built-in corpus.
+"""The tiny Thinker's text tokenizer: the kit's byte-level BPE (`kit/bpe.py`), trained locally.
 
 It is saved in the Hugging Face layout (tokenizer.json + tokenizer_config.json with a ChatML
 chat template), so vLLM and `transformers` load it exactly as they load a real model's.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
-from pipeline.families.tiny.corpus import CORPUS
+from pipeline.families.kit.bpe import train_bpe
 
 PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -28,18 +28,8 @@ CHAT_TEMPLATE = (
 
 
 def train_tokenizer(vocab_size: int) -> Tokenizer:
-    """Train the byte-level BPE on the corpus (deterministic: same corpus, same merges)."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(CORPUS.splitlines(), trainer)
-    return tokenizer
+    """The kit's BPE on the corpus, the special tokens its first ids (deterministic)."""
+    return train_bpe(vocab_size, SPECIAL_TOKENS)
 
 
 def save_tokenizer(tokenizer: Tokenizer, directory: Path, model_max_length: int) -> None:

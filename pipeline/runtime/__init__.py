@@ -1,0 +1,1 @@
+"""The stage processes: worker, supervisor, the API process's clients and the wire between them."""

@@ -1,0 +1,1 @@
+"""How tensors cross between processes: the shared-memory block pool, its leases, CUDA IPC."""

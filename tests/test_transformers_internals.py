@@ -1,0 +1,121 @@
+"""The transformers internals `pipeline/families/kit/transformers_internals.py` reaches are still
+where it looks, checked on the installed transformers with the tiny Qwen2.5-Omni configuration
+(no release, no weights): an upgrade that moves one fails here with TransformersInternalsError
+naming it, instead of in a worker at run time (its module docstring says why each is used and
+what upstream could offer instead)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from functools import cache
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from transformers import Qwen2_5OmniConfig, Qwen2_5OmniToken2WavDiTModel
+
+from pipeline.families.kit import transformers_internals
+from pipeline.families.kit.transformers_internals import (
+    TransformersInternalsError,
+    audio_encoder_class,
+    block_diff_replaced,
+    feature_lengths,
+    model_from_config,
+    ode_solver_class,
+)
+from pipeline.families.qwen25_omni import tiny_tokenizer
+from pipeline.families.qwen25_omni.tiny_config import tiny_config
+
+ADAPTER = "pipeline/families/kit/transformers_internals.py"
+
+
+@cache
+def config() -> Qwen2_5OmniConfig:
+    return tiny_config(tiny_tokenizer.token_ids(tiny_tokenizer.train_tokenizer()))
+
+
+def audio_config() -> Any:
+    thinker: Any = config().thinker_config
+    return thinker.audio_config
+
+
+def test_the_audio_encoder_is_built_from_its_sub_config_in_a_dtype() -> None:
+    encoder_class = audio_encoder_class()
+    assert encoder_class.__name__ == "Qwen2_5OmniAudioEncoder"
+    for dtype in (torch.float32, torch.bfloat16):
+        encoder = model_from_config(encoder_class, audio_config(), dtype=dtype)
+        assert isinstance(encoder, encoder_class)
+        assert {parameter.dtype for parameter in encoder.parameters()} == {dtype}, (
+            f"_from_config no longer builds in the dtype given, which {ADAPTER} relies on")
+
+
+def test_feature_lengths_are_the_frames_after_convolution_and_pooling() -> None:
+    encoder = model_from_config(audio_encoder_class(), audio_config(), dtype=torch.float32)
+    frames = torch.tensor([100, 3000, 1])
+    after_cnn, rows = feature_lengths(encoder, frames)
+    # Whisper's convolutions halve the frames (stride 2), the pooling halves them again:
+    # one row per 40 ms of audio (a mel frame is 10 ms).
+    assert after_cnn.tolist() == [(n - 1) // 2 + 1 for n in frames.tolist()]
+    assert rows.tolist() == [(n - 2) // 2 + 1 for n in after_cnn.tolist()]
+    encoded = encoder(torch.zeros(encoder.config.num_mel_bins, int(frames[:2].sum())),
+                      feature_lens=frames[:2], aftercnn_lens=after_cnn[:2])
+    assert encoded.last_hidden_state.shape[0] == int(rows[:2].sum()), (
+        "the encoder no longer yields the rows its _get_feat_extract_output_lengths counts")
+
+
+def test_the_ode_solver_integrates_as_rk4() -> None:
+    solver = ode_solver_class()(function=lambda t, y: y, initial_value=torch.ones(1))
+    trajectory = solver.integrate(torch.linspace(0, 1, 11))
+    assert abs(float(trajectory[-1]) - torch.e) < 1e-5  # y' = y from 1: e at t = 1
+
+
+def test_the_dits_forward_builds_its_masks_from_the_block_distances_replaced() -> None:
+    source = inspect.getsource(Qwen2_5OmniToken2WavDiTModel.forward)
+    assert "self._create_block_diff(" in source, (
+        f"Qwen2_5OmniToken2WavDiTModel.forward no longer calls _create_block_diff, which "
+        f"{ADAPTER} replaces to mask padded frames")
+    token2wav: Any = config().token2wav_config
+    dit = Qwen2_5OmniToken2WavDiTModel._from_config(token2wav.dit_config)
+    hidden = torch.zeros(2, 5, 8)
+    plain = dit._create_block_diff(hidden)
+    assert plain.shape == (2, dit.num_attention_heads, 5, 5)
+    seen: list[torch.Tensor] = []
+
+    def replace(own: transformers_internals.BlockDiff) -> transformers_internals.BlockDiff:
+        def replaced(states: torch.Tensor) -> torch.Tensor:
+            seen.append(states)
+            return own(states) + 1
+
+        return replaced
+
+    with block_diff_replaced(dit, replace):
+        assert torch.equal(dit._create_block_diff(hidden), plain + 1)
+    assert seen == [hidden]
+    assert "_create_block_diff" not in vars(dit), "the instance keeps no replacement after"
+    assert torch.equal(dit._create_block_diff(hidden), plain)
+
+
+def test_a_moved_private_fails_loudly_naming_it() -> None:
+    with pytest.raises(TransformersInternalsError, match=r"_get_feat_extract_output_lengths"):
+        feature_lengths(torch.nn.Linear(1, 1), torch.tensor([10]))
+    linear = torch.nn.Linear(1, 1)
+    with (pytest.raises(TransformersInternalsError,
+                        match=r"Qwen2_5OmniToken2WavDiTModel\._create_block_diff"),
+          block_diff_replaced(linear, lambda plain: plain)):
+        pass
+    with pytest.raises(TransformersInternalsError, match=r"Linear\._from_config"):
+        model_from_config(torch.nn.Linear, SimpleNamespace())
+
+
+def test_another_release_is_noted_once(monkeypatch: pytest.MonkeyPatch,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(transformers_internals.REACH, "version", lambda: "9.0.0")
+    monkeypatch.setattr(transformers_internals.REACH, "noted", False)
+    with caplog.at_level(logging.WARNING, logger=transformers_internals.__name__):
+        audio_encoder_class()
+        audio_encoder_class()
+    noted = [r for r in caplog.records if "written for" in r.getMessage()]
+    assert len(noted) == 1 and "9.0.0" in noted[0].getMessage()
+
