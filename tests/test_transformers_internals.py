@@ -14,17 +14,19 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import Qwen2_5OmniConfig, Qwen2_5OmniToken2WavDiTModel
+from transformers import Qwen2_5OmniConfig, Qwen2_5OmniToken2WavDiTModel, Qwen3OmniMoeCode2Wav
 
 from pipeline.families.kit import transformers_internals
 from pipeline.families.kit.transformers_internals import (
     TransformersInternalsError,
     audio_encoder_class,
     block_diff_replaced,
+    code2wav_parts,
     feature_lengths,
     model_from_config,
     ode_solver_class,
 )
+from pipeline.families.qwen3_omni.tiny_config import tiny_config as qwen3_omni_config
 from pipeline.families.qwen25_omni import tiny_tokenizer
 from pipeline.families.qwen25_omni.tiny_config import tiny_config
 
@@ -95,6 +97,42 @@ def test_the_dits_forward_builds_its_masks_from_the_block_distances_replaced() -
     assert seen == [hidden]
     assert "_create_block_diff" not in vars(dit), "the instance keeps no replacement after"
     assert torch.equal(dit._create_block_diff(hidden), plain)
+
+
+def test_code2wavs_layers_are_the_parts_found_and_as_causal_as_streamed() -> None:
+    parts = code2wav_parts()
+    code2wav = Qwen3OmniMoeCode2Wav(qwen3_omni_config().code2wav_config).eval()
+    upsample, convnext = code2wav.upsample[0]
+    first, block, snake = code2wav.decoder[0], code2wav.decoder[1], code2wav.decoder[-2]
+    unit = block.block[2]
+    assert isinstance(upsample, parts.transposed_conv) and isinstance(convnext, parts.convnext)
+    assert isinstance(first, parts.causal_conv) and isinstance(snake, parts.snake)
+    assert isinstance(block.block[1], parts.transposed_conv)
+    assert isinstance(unit, parts.residual_unit)
+    # what the streaming renderer reads inside them
+    assert {"dwconv", "norm", "pwconv1", "act", "pwconv2", "gamma"} <= set(dir(convnext))
+    assert {"act1", "conv1", "act2", "conv2"} <= set(dir(unit))
+    # a causal convolution pads (kernel - 1) * dilation zeros on the left, none on the right
+    samples = torch.randn(1, unit.conv1.conv.in_channels, 40)
+    context = (unit.conv1.conv.kernel_size[0] - 1) * unit.conv1.conv.dilation[0]
+    with torch.no_grad():
+        padded = unit.conv1.conv(torch.nn.functional.pad(samples, (context, 0)))
+        assert torch.allclose(unit.conv1(samples), padded, atol=1e-6), (
+            f"{ADAPTER}'s streamed code2wav keeps (kernel - 1) * dilation inputs as context")
+        # a transposed convolution of kernel K, stride s is trimmed K - s samples each side
+        transposed = block.block[1]
+        kernel, stride = transposed.conv.kernel_size[0], transposed.conv.stride[0]
+        samples = torch.randn(1, transposed.conv.in_channels, 10)
+        raw = transposed.conv(samples)
+        assert torch.equal(transposed(samples), raw[..., kernel - stride: raw.shape[-1] - (
+            kernel - stride)])
+
+
+def test_a_moved_code2wav_part_fails_loudly_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = transformers_internals.qwen3_omni_modeling()
+    monkeypatch.delattr(module, "Qwen3OmniMoeSnakeBeta")
+    with pytest.raises(TransformersInternalsError, match=r"Qwen3OmniMoeSnakeBeta"):
+        code2wav_parts()
 
 
 def test_a_moved_private_fails_loudly_naming_it() -> None:

@@ -25,6 +25,14 @@ What is reached, why, and what upstream offers or could offer instead:
   the block-distance matrix the DiT's forward builds every layer's attention mask from,
   replaced on one instance for one batched call to hide padded frames from real ones (the
   reference has no key padding mask). A padding-mask argument to the DiT would retire it.
+- The parts of Qwen3-Omni's code2wav (`Qwen3OmniMoeCausalConvNet`,
+  `Qwen3OmniMoeCausalTransConvNet`, `Qwen3OmniMoeConvNeXtBlock`,
+  `Qwen3OmniMoeCode2WavDecoderResidualUnit`, `Qwen3OmniMoeSnakeBeta`), from
+  `transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe`, which exports the whole
+  `Qwen3OmniMoeCode2Wav` and its decoder block but not them (`code2wav_parts`): the streaming
+  renderer (qwen3_omni's code2wav.py) tells its layers apart by these classes, to keep each
+  convolution's left context between calls, and refuses a layer it does not know. A streaming
+  (stateful) forward upstream would retire it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import importlib.metadata
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -50,12 +59,24 @@ DIT = "Qwen2_5OmniToken2WavDiTModel"
 _FROM_CONFIG = "_from_config"
 _FEATURE_LENGTHS = "_get_feat_extract_output_lengths"
 _BLOCK_DIFF = "_create_block_diff"
+QWEN3_OMNI_MODELING = "transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe"
 
 logger = logging.getLogger(__name__)
 
 # The DiT's block-distance function: hidden states (batch, frames, width) to the distances
 # (batch, heads, frames, frames) its layers' attention masks are made from.
 BlockDiff = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Code2WavParts:
+    """The classes of Qwen3-Omni code2wav's layers that transformers does not export."""
+
+    causal_conv: type[torch.nn.Module]  # a Conv1d (`.conv`) padded on the left only
+    transposed_conv: type[torch.nn.Module]  # a ConvTranspose1d (`.conv`) trimmed both sides
+    convnext: type[torch.nn.Module]  # causal depthwise conv, then a pointwise residual MLP
+    residual_unit: type[torch.nn.Module]  # snake, dilated causal conv, snake, 1x1 conv, residual
+    snake: type[torch.nn.Module]  # the SnakeBeta activation (pointwise)
 
 
 class TransformersInternalsError(RuntimeError):
@@ -131,3 +152,26 @@ def block_diff_replaced(dit: torch.nn.Module, replace: Callable[[BlockDiff], Blo
         yield
     finally:
         delattr(dit, _BLOCK_DIFF)
+
+
+@functools.cache
+def qwen3_omni_modeling() -> ModuleType:
+    """transformers' Qwen3-Omni modeling module."""
+    REACH.note_version()
+    try:
+        return importlib.import_module(QWEN3_OMNI_MODELING)
+    except ImportError as exc:
+        raise _missing(f"module {QWEN3_OMNI_MODELING}", "Qwen3-Omni code2wav's layers") from exc
+
+
+def code2wav_parts() -> Code2WavParts:
+    """The classes of Qwen3-Omni code2wav's convolutional layers, to stream them."""
+    why = "Qwen3-Omni code2wav's layers, told apart to stream them"
+    names = {"causal_conv": "Qwen3OmniMoeCausalConvNet",
+             "transposed_conv": "Qwen3OmniMoeCausalTransConvNet",
+             "convnext": "Qwen3OmniMoeConvNeXtBlock",
+             "residual_unit": "Qwen3OmniMoeCode2WavDecoderResidualUnit",
+             "snake": "Qwen3OmniMoeSnakeBeta"}
+    module = qwen3_omni_modeling()
+    return Code2WavParts(**{field: _attribute(module, QWEN3_OMNI_MODELING, name, why)
+                            for field, name in names.items()})

@@ -1,0 +1,130 @@
+"""Qwen3-Omni release directories: the tiny random one we build, and checks on any one.
+
+A release directory has the Hugging Face layout of the published Qwen3-Omni-30B-A3B checkpoints:
+config.json (architecture `Qwen3OmniMoeForConditionalGeneration`, model_type `qwen3_omni_moe`),
+the safetensors weights of thinker, talker and code2wav (one file, or shards and their index)
+and generation_config.json. (The tokenizer and the processor's files come with the thinker's
+stage, a later increment.)
+
+The tiny release is transformers' own model class at the sizes of `tiny_config`, with RANDOM
+weights from a fixed torch seed: it exercises the real architecture, it says nothing. Two things
+make it a fair test of code that must compute what the reference computes:
+
+- Every parameter transformers initialises to a constant (biases at 0; norm weights at 1;
+  layer scales at 0.01; the ConvNeXt gammas at 1e-6; SnakeBeta's alpha and beta at 0; the
+  talker's routers and shared-expert gates at 0) gets random noise (`perturb_constants`): a
+  parity test over zero biases or unit norms cannot see a port that drops one, and a 1e-6
+  gamma would hide a whole ConvNeXt branch below any tolerance.
+- code2wav's convolutions are redrawn at std gain / sqrt(fan-in) (`code2wav_at_working_gain`):
+  at transformers' std of 0.02 each shrinks the signal about 2.5 times and the tiny decoder
+  spoke at 2e-6 of full scale, under any float32 tolerance; at gain 1 its residual units grow
+  it to about 400 before the last convolution, where SnakeBeta's sines amplified float
+  rounding 200-fold (the first 8 frames decoded alone differed from the same frames of a
+  40-frame decode by 4.5e-3 of the peak). At `CONV_GAIN` 0.7, `RESIDUAL_GAIN` 0.3 on the
+  residual units' last convolution and `INPUT_GAIN` 0.1 on the decoder's first (the
+  transformer's states, about 3, brought under 1), the signal peaks between 0.3 and 3 at
+  every layer, the audio near 0.45, clear of the reference's clamp at 1 (which would hide
+  differences where it bites), and that difference is 5e-7 of the peak.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import Qwen3OmniMoeCode2Wav, Qwen3OmniMoeForConditionalGeneration
+
+from pipeline.families.qwen3_omni.tiny_config import ARCHITECTURE, tiny_config
+
+ARCHITECTURES = (ARCHITECTURE,)
+MODEL_TYPE = "qwen3_omni_moe"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+PERTURB_STD = 0.1  # noise on parameters initialised to a constant
+CONV_GAIN = 0.7  # code2wav's convolutions: std CONV_GAIN / sqrt(fan-in)
+RESIDUAL_GAIN = 0.3  # the residual units' last convolution (a branch added to its input)
+INPUT_GAIN = 0.1  # the decoder's first convolution (the transformer's states, about 3)
+
+
+def write_tiny_release(directory: Path, seed: int) -> None:
+    """Write a tiny Qwen3-Omni release (random weights from `seed`) into `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(tiny_config()).eval()
+    generator = torch.Generator().manual_seed(seed + 1)
+    perturb_constants(model, generator)
+    code2wav_at_working_gain(model.code2wav, generator)
+    model.save_pretrained(directory)
+
+
+def constant_parameters(model: nn.Module) -> list[str]:
+    """The names of `model`'s parameters whose elements are all equal (as initialised)."""
+    found = []
+    for name, parameter in model.named_parameters():
+        flat = parameter.detach().reshape(-1)
+        if flat.numel() and bool((flat == flat[0]).all()):
+            found.append(name)
+    return found
+
+
+@torch.no_grad()
+def perturb_constants(model: nn.Module, generator: torch.Generator) -> None:
+    """Add random noise (normal, PERTURB_STD) to every parameter initialised to a constant."""
+    parameters = dict(model.named_parameters())
+    for name in constant_parameters(model):
+        parameter = parameters[name]
+        parameter.add_(torch.randn(parameter.shape, generator=generator) * PERTURB_STD)
+
+
+@torch.no_grad()
+def code2wav_at_working_gain(code2wav: Qwen3OmniMoeCode2Wav, generator: torch.Generator) -> None:
+    """Redraw code2wav's convolution weights at std gain / sqrt(fan-in): INPUT_GAIN for the
+    decoder's first convolution, RESIDUAL_GAIN for the residual units' last, CONV_GAIN for
+    the others."""
+    first = code2wav.decoder[0].conv
+    for name, module in code2wav.named_modules():
+        if not isinstance(module, nn.Conv1d | nn.ConvTranspose1d):
+            continue
+        weight = module.weight
+        if isinstance(module, nn.Conv1d):
+            fan_in = weight.shape[1] * weight.shape[2]  # (out, in / groups, kernel)
+        else:  # (in, out, kernel): an output sample sums kernel / stride inputs a channel
+            fan_in = weight.shape[0] * weight.shape[2] // module.stride[0]
+        gain = (INPUT_GAIN if module is first
+                else RESIDUAL_GAIN if name.endswith("conv2.conv") else CONV_GAIN)
+        weight.copy_(torch.randn(weight.shape, generator=generator) * gain / math.sqrt(fan_in))
+
+
+def check_release(directory: Path) -> dict:
+    """The release's config.json, or a clear error naming what is missing or wrong."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no Qwen3-Omni release at {directory}: the directory is absent "
+                                "(download Qwen/Qwen3-Omni-30B-A3B-Instruct there)")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{directory} is not a Qwen3-Omni release: no config.json")
+    config: dict = json.loads(config_path.read_text())
+    architectures = config.get("architectures") or []
+    if config.get("model_type") != MODEL_TYPE or not set(ARCHITECTURES) & set(architectures):
+        raise ValueError(
+            f"{directory} is not a Qwen3-Omni release: config.json has model_type "
+            f"{config.get('model_type')!r} and architectures {architectures}, expected "
+            f"{MODEL_TYPE!r} and {ARCHITECTURE}")
+    missing = [name for name in release_weights(directory) if not (directory / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"Qwen3-Omni release at {directory} lacks {', '.join(missing)}")
+    return config
+
+
+def release_weights(directory: Path) -> list[str]:
+    """The weight files a release must hold: one model.safetensors, or the index and every
+    shard it names."""
+    index = Path(directory) / WEIGHTS_INDEX
+    if not index.is_file():
+        return ["model.safetensors"]
+    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    return [WEIGHTS_INDEX, *sorted(set(weight_map.values()))]
