@@ -12,7 +12,7 @@ import { RealtimeCall } from "./rtc.js";
 import { takeClientSecret } from "./secret.js";
 import { View } from "./ui.js";
 
-const RESUME_HEADER = "Omnivox-Resume-Token"; // agent/api/signalling.py
+const RESUME_HEADER = "Omnivox-Resume-Token"; // agent/calls/signalling.py
 const DROP_AFTER_MS = 4000; // a connection "disconnected" this long is given up
 const CONNECT_TIMEOUT_MS = 20_000; // a call not up by then is given up
 const CAPTION_LINES = 6;
