@@ -33,9 +33,10 @@ from agent.app import create_app
 from agent.config import ConversationSettings, Settings
 from agent.profiles import build_pipeline, load_profiles
 from pipeline.families.kit.build_support import read_manifest
+from pipeline.families.kit.release_build import release_dir
 from pipeline.families.orpheus import build_orpheus
 from pipeline.families.orpheus.release import SNAC, TALKER, THINKER
-from pipeline.families.qwen25_omni.build import SEED, release_dir
+from pipeline.families.qwen25_omni.build import SEED
 from pipeline.families.qwen25_omni.release import write_tiny_release
 from tests.audio_fixtures import speech_wav
 from tests.conftest import wait_ready

@@ -19,12 +19,8 @@ import pytest
 import torch
 from transformers import Qwen2_5OmniForConditionalGeneration
 
-from pipeline.families.qwen25_omni.build import (
-    FAMILY,
-    THINKER_LM,
-    build_qwen25_omni,
-    release_dir,
-)
+from pipeline.families.kit.release_build import release_dir
+from pipeline.families.qwen25_omni.build import FAMILY, THINKER_LM, build_qwen25_omni
 from pipeline.families.qwen25_omni.talker import OmniTalker
 from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn, speak
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt

@@ -26,7 +26,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
 
 from pipeline.families.kit.build_support import read_manifest
-from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni, release_dir
+from pipeline.families.kit.release_build import release_dir
+from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni
 from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.thinker import OmniThinker
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt

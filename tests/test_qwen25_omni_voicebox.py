@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.families.qwen25_omni.build import build_qwen25_omni, release_dir
+from pipeline.families.kit.release_build import release_dir
+from pipeline.families.qwen25_omni.build import build_qwen25_omni
 from pipeline.families.qwen25_omni.token2wav_window import (
     CONTEXT_TOKENS,
     LOOKAHEAD_TOKENS,

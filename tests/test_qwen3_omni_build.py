@@ -20,7 +20,8 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.families import load_family
 from pipeline.families.kit.build_support import read_manifest
-from pipeline.families.qwen3_omni.build import FAMILY, RECIPE, SEED, build_qwen3_omni, release_dir
+from pipeline.families.kit.release_build import release_dir
+from pipeline.families.qwen3_omni.build import FAMILY, RECIPE, SEED, build_qwen3_omni
 from pipeline.families.qwen3_omni.release import (
     PERTURB_STD,
     check_release,

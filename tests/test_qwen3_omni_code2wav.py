@@ -16,8 +16,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache, Qwen3OmniMoeCode2Wav, Qwen3OmniMoeForConditionalGeneration
 
+from pipeline.families.kit.release_build import release_dir
 from pipeline.families.kit.transformers_internals import code2wav_parts
-from pipeline.families.qwen3_omni.build import build_qwen3_omni, release_dir
+from pipeline.families.qwen3_omni.build import build_qwen3_omni
 from pipeline.families.qwen3_omni.code2wav import (
     StreamingCode2Wav,
     stateful_layers,

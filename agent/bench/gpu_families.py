@@ -54,7 +54,8 @@ def _omni_built(size: str, root: Path) -> dict[str, Any]:
     """Build qwen25_omni at `size` under `root` (kept when built); its stage sizes."""
     from transformers import Qwen2_5OmniConfig
 
-    from pipeline.families.qwen25_omni.build import build_qwen25_omni, release_dir
+    from pipeline.families.kit.release_build import release_dir
+    from pipeline.families.qwen25_omni.build import build_qwen25_omni
     from pipeline.families.qwen25_omni.real_size import (
         release_tensors,
         stage_sizes,

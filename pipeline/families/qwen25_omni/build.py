@@ -11,30 +11,28 @@ is rebuilt whole in a staging directory under a file lock (`build_support.build_
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from pathlib import Path
 
-from tqdm import tqdm
-
 from pipeline.families.kit.build_support import (
-    MANIFEST,
     build_once,
     manifest_matches,
-    read_manifest,
     write_manifest,
+)
+from pipeline.families.kit.release_build import (
+    TINY_RELEASE,
+    Step,
+    built_family_dir,
+    release_fields,
+    run_steps,
 )
 from pipeline.families.qwen25_omni.release import check_release, write_tiny_release
 from pipeline.families.qwen25_omni.talker_lm import LM_DIR as TALKER_LM
 from pipeline.families.qwen25_omni.talker_lm import convert_talker
 from pipeline.families.qwen25_omni.thinker_lm import write_thinker_lm
 
-logger = logging.getLogger(__name__)
-
 FAMILY = "qwen25_omni"
 RECIPE = "qwen25-omni-3"  # bump when the build changes what it writes: old builds are rebuilt
 SEED = 2025
-TINY_RELEASE = "release"  # the tiny release's place inside the family directory
 THINKER_LM = "thinker_lm"
 
 
@@ -49,9 +47,7 @@ def build_qwen25_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
     if release is not None:
         release = Path(release).resolve()
         check_release(release)
-    fields = {"family": FAMILY, "recipe": RECIPE,
-              "seed": seed if release is None else None,
-              "release": TINY_RELEASE if release is None else str(release)}
+    fields = release_fields(FAMILY, RECIPE, seed, release)
     if dummy_weights:  # only then: builds from before the option still match
         fields["dummy_weights"] = True
     return build_once(models_dir, FAMILY, lambda target: manifest_matches(target, fields),
@@ -60,24 +56,12 @@ def build_qwen25_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
 
 def built_family(models_dir: Path | str) -> Path:
     """The built family's directory under `models_dir`; a clear error if it is not built."""
-    family_dir = Path(models_dir) / FAMILY
-    if not (family_dir / MANIFEST).is_file():
-        raise FileNotFoundError(
-            f"qwen25_omni family not built at {family_dir}: run "
-            f"pipeline.families.qwen25_omni.build({str(models_dir)!r}) first (release=<a "
-            "Qwen2.5-Omni directory> for real weights)")
-    return family_dir
-
-
-def release_dir(family_dir: Path) -> Path:
-    """The release a built family was derived from (its manifest's "release")."""
-    family_dir = Path(family_dir)
-    return family_dir / str(read_manifest(family_dir)["release"])  # absolute stays itself
+    return built_family_dir(models_dir, FAMILY, "Qwen2.5-Omni")
 
 
 def _write_all(root: Path, release: Path | None, fields: dict, progress: bool) -> None:
     source = release or root / TINY_RELEASE
-    steps: list[tuple[str, Callable[[], None]]] = []
+    steps: list[Step] = []
     if release is None:
         steps.append(("tiny release (random weights)",
                       lambda: write_tiny_release(source, int(fields["seed"]))))
@@ -87,7 +71,4 @@ def _write_all(root: Path, release: Path | None, fields: dict, progress: bool) -
         ("talker LM", lambda: convert_talker(source, root / TALKER_LM)),
         ("manifest", lambda: write_manifest(root, fields)),
     ]
-    for name, step in tqdm(steps, desc="building qwen25_omni family", unit="step",
-                           disable=not progress):
-        logger.debug("qwen25_omni build: %s", name)
-        step()
+    run_steps(FAMILY, steps, progress)

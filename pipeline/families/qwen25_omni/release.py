@@ -33,6 +33,11 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
+from pipeline.families.kit.hf_release import (
+    WEIGHTS_INDEX,
+    checked_release_config,
+    release_shards,
+)
 from pipeline.families.qwen25_omni import tiny_tokenizer
 from pipeline.families.qwen25_omni.tiny_config import TokenIds, tiny_config
 
@@ -40,7 +45,6 @@ ARCHITECTURE = "Qwen2_5OmniModel"  # what the published config.json names
 ARCHITECTURES = (ARCHITECTURE, "Qwen2_5OmniForConditionalGeneration")  # either is accepted
 MODEL_TYPE = "qwen2_5_omni"
 N_MELS = 128  # the audio tower's mel bins (the real release's WhisperFeatureExtractor)
-WEIGHTS_INDEX = "model.safetensors.index.json"
 THINKER_HEAD = "thinker.lm_head.weight"
 REF_MEL_FRAMES = 30  # the tiny speakers' reference mel length
 BIAS_STD = 0.1  # random Linear biases: about half a projection's output spread at init
@@ -113,22 +117,9 @@ def write_release_files(directory: Path, tokenizer: Tokenizer, config: Qwen2_5Om
 def check_release(directory: Path) -> dict:
     """The release's config.json, or a clear error naming what is missing or wrong."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"no Qwen2.5-Omni release at {directory}: the directory is "
-                                "absent (download Qwen/Qwen2.5-Omni-7B or -3B there)")
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{directory} is not a Qwen2.5-Omni release: no config.json")
-    config: dict = json.loads(config_path.read_text())
-    architectures = config.get("architectures") or []
-    if config.get("model_type") != MODEL_TYPE or not set(ARCHITECTURES) & set(architectures):
-        raise ValueError(
-            f"{directory} is not a Qwen2.5-Omni release: config.json has model_type "
-            f"{config.get('model_type')!r} and architectures {architectures}, expected "
-            f"{MODEL_TYPE!r} and one of {', '.join(ARCHITECTURES)}")
-    missing = [name for name in _required_files(directory) if not (directory / name).is_file()]
-    if missing:
-        raise FileNotFoundError(f"Qwen2.5-Omni release at {directory} lacks {', '.join(missing)}")
+    config = checked_release_config(directory, "Qwen2.5-Omni",
+                                    "download Qwen/Qwen2.5-Omni-7B or -3B there", MODEL_TYPE,
+                                    ARCHITECTURES, _required_files(directory))
     if not thinker_head_tied(directory) and THINKER_HEAD not in release_tensor_names(directory):
         raise ValueError(f"Qwen2.5-Omni release at {directory} lacks {THINKER_HEAD}: its "
                          "config.json says the thinker's embeddings are not tied")
@@ -162,15 +153,6 @@ def speaker_for(voice: str, speakers: list[str]) -> str:
     return voice
 
 
-def release_shards(release: Path) -> list[str]:
-    """The release's safetensors files (one, or those its index names)."""
-    index = Path(release) / WEIGHTS_INDEX
-    if not index.is_file():
-        return ["model.safetensors"]
-    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-    return sorted(set(weight_map.values()))
-
-
 def shard_tensors(release: Path, prefixes: tuple[str, ...],
                   strip: str) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
     """Per release shard: its name and its tensors under `prefixes`, `strip` taken off their
@@ -190,9 +172,6 @@ def release_tensors(release: Path, prefix: str) -> dict[str, torch.Tensor]:
 
 
 def _required_files(directory: Path) -> list[str]:
-    """What must be there before anything starts: every shard the index names included."""
+    """What must be there beside the weights before anything starts."""
     tokenizer = "tokenizer.json" if (directory / "tokenizer.json").is_file() else "vocab.json"
-    weights = [WEIGHTS_INDEX, *release_shards(directory)] if (
-        directory / WEIGHTS_INDEX).is_file() else ["model.safetensors"]
-    return [*weights, tokenizer, "tokenizer_config.json", "preprocessor_config.json",
-            "spk_dict.pt"]
+    return [tokenizer, "tokenizer_config.json", "preprocessor_config.json", "spk_dict.pt"]

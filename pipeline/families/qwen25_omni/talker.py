@@ -25,8 +25,9 @@ import torch
 
 from pipeline.engines.vllm import EngineSettings, VllmEngine
 from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS, EngineStage
+from pipeline.families.kit.release_build import release_dir
 from pipeline.families.kit.torch_thread import TorchThread
-from pipeline.families.qwen25_omni.build import FAMILY, release_dir
+from pipeline.families.qwen25_omni.build import FAMILY
 from pipeline.families.qwen25_omni.release import speaker_for
 from pipeline.families.qwen25_omni.talker_lm import (
     LM_DIR,

@@ -72,10 +72,11 @@ from pipeline.families.kit.context_window import fit_history, reply_budget
 from pipeline.families.kit.end_of_turn import end_of_turn_prompt, probability
 from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS, EngineStage
 from pipeline.families.kit.recite import recited_pieces
+from pipeline.families.kit.release_build import release_dir
 from pipeline.families.kit.request_sampling import with_options
 from pipeline.families.kit.torch_placement import Placement
 from pipeline.families.kit.torch_thread import TorchThread
-from pipeline.families.qwen25_omni.build import THINKER_LM, built_family, release_dir
+from pipeline.families.qwen25_omni.build import THINKER_LM, built_family
 from pipeline.families.qwen25_omni.talker_rows import TalkerRows, batched_steps
 from pipeline.families.qwen25_omni.thinker_lm import read_embed_table
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt, ThinkerPromptBuilder

@@ -24,12 +24,8 @@ from transformers import AutoTokenizer, Qwen2_5OmniConfig, Qwen2Config, Qwen2For
 
 from pipeline.families.kit.build_support import write_json
 from pipeline.families.kit.dummy_weights import meta_tensors, write_sparse_checkpoint
-from pipeline.families.qwen25_omni.release import (
-    WEIGHTS_INDEX,
-    release_shards,
-    shard_tensors,
-    thinker_head_tied,
-)
+from pipeline.families.kit.hf_release import WEIGHTS_INDEX, release_shards
+from pipeline.families.qwen25_omni.release import shard_tensors, thinker_head_tied
 
 PREFIXES = ("thinker.model.", "thinker.lm_head.")
 EMBED_TABLE = "model.embed_tokens.weight"

@@ -11,27 +11,25 @@ stages yet (its code2wav renders in torch, `code2wav.py`), so the registry does 
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from pathlib import Path
 
-from tqdm import tqdm
-
 from pipeline.families.kit.build_support import (
-    MANIFEST,
     build_once,
     manifest_matches,
-    read_manifest,
     write_manifest,
 )
+from pipeline.families.kit.release_build import (
+    TINY_RELEASE,
+    Step,
+    built_family_dir,
+    release_fields,
+    run_steps,
+)
 from pipeline.families.qwen3_omni.release import check_release, write_tiny_release
-
-logger = logging.getLogger(__name__)
 
 FAMILY = "qwen3_omni"
 RECIPE = "qwen3-omni-1"  # bump when the build changes what it writes: old builds are rebuilt
 SEED = 2025
-TINY_RELEASE = "release"  # the tiny release's place inside the family directory
 
 
 def build_qwen3_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
@@ -44,37 +42,20 @@ def build_qwen3_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
     if release is not None:
         release = Path(release).resolve()
         check_release(release)
-    fields = {"family": FAMILY, "recipe": RECIPE,
-              "seed": seed if release is None else None,
-              "release": TINY_RELEASE if release is None else str(release)}
+    fields = release_fields(FAMILY, RECIPE, seed, release)
     return build_once(models_dir, FAMILY, lambda target: manifest_matches(target, fields),
                       lambda staging: _write_all(staging, release, fields, progress))
 
 
 def built_family(models_dir: Path | str) -> Path:
     """The built family's directory under `models_dir`; a clear error if it is not built."""
-    family_dir = Path(models_dir) / FAMILY
-    if not (family_dir / MANIFEST).is_file():
-        raise FileNotFoundError(
-            f"qwen3_omni family not built at {family_dir}: run "
-            f"pipeline.families.qwen3_omni.build({str(models_dir)!r}) first (release=<a "
-            "Qwen3-Omni directory> for real weights)")
-    return family_dir
-
-
-def release_dir(family_dir: Path) -> Path:
-    """The release a built family was derived from (its manifest's "release")."""
-    family_dir = Path(family_dir)
-    return family_dir / str(read_manifest(family_dir)["release"])  # absolute stays itself
+    return built_family_dir(models_dir, FAMILY, "Qwen3-Omni")
 
 
 def _write_all(root: Path, release: Path | None, fields: dict, progress: bool) -> None:
-    steps: list[tuple[str, Callable[[], None]]] = []
+    steps: list[Step] = []
     if release is None:
         steps.append(("tiny release (random weights)",
                       lambda: write_tiny_release(root / TINY_RELEASE, int(fields["seed"]))))
     steps.append(("manifest", lambda: write_manifest(root, fields)))
-    for name, step in tqdm(steps, desc="building qwen3_omni family", unit="step",
-                           disable=not progress):
-        logger.debug("qwen3_omni build: %s", name)
-        step()
+    run_steps(FAMILY, steps, progress)

@@ -63,7 +63,23 @@ class StreamedLayer(Protocol):
     def __call__(self, samples: torch.Tensor) -> torch.Tensor: ...
 
 
-class CausalConv:
+class LeftContext:
+    """The last `context` inputs of a streamed layer, zeros at an utterance's start: what the
+    reference's left padding stands in for."""
+
+    context: int
+    tail: torch.Tensor | None
+
+    def joined(self, samples: torch.Tensor) -> torch.Tensor:
+        """`samples` after the kept inputs; keeps the last `context` of them for next time."""
+        if self.tail is None:
+            self.tail = samples.new_zeros(samples.shape[0], samples.shape[1], self.context)
+        joined = torch.cat([self.tail, samples], dim=-1)
+        self.tail = joined[..., joined.shape[-1] - self.context:]
+        return joined
+
+
+class CausalConv(LeftContext):
     """A stride-1 convolution padded on the left only (the reference's `CausalConvNet`), fed
     piece by piece: it keeps its last (kernel - 1) * dilation inputs."""
 
@@ -82,15 +98,11 @@ class CausalConv:
     def __call__(self, samples: torch.Tensor) -> torch.Tensor:
         if samples.shape[-1] == 0:
             return samples.new_zeros(samples.shape[0], self.conv.out_channels, 0)
-        if self.tail is None:
-            self.tail = samples.new_zeros(samples.shape[0], samples.shape[1], self.context)
-        joined = torch.cat([self.tail, samples], dim=-1)
-        self.tail = joined[..., joined.shape[-1] - self.context:]
-        out: torch.Tensor = self.conv(joined)
+        out: torch.Tensor = self.conv(self.joined(samples))
         return out
 
 
-class TransposedConv:
+class TransposedConv(LeftContext):
     """A transposed convolution of kernel K = c * stride trimmed K - stride samples each side
     (the reference's `CausalTransConvNet`), fed piece by piece: it keeps its last c - 1
     inputs, drops the first K - stride samples of the stream and emits each call's complete
@@ -117,10 +129,7 @@ class TransposedConv:
     def __call__(self, samples: torch.Tensor) -> torch.Tensor:
         if samples.shape[-1] == 0:
             return samples.new_zeros(samples.shape[0], self.conv.out_channels, 0)
-        if self.tail is None:
-            self.tail = samples.new_zeros(samples.shape[0], samples.shape[1], self.context)
-        joined = torch.cat([self.tail, samples], dim=-1)
-        self.tail = joined[..., joined.shape[-1] - self.context:]
+        joined = self.joined(samples)
         # block j of the output (stride samples) sums inputs j - context .. j: the blocks of
         # the new inputs are complete, the partial ones after them wait for later inputs
         raw: torch.Tensor = self.conv(joined)

@@ -29,7 +29,6 @@ make it a fair test of code that must compute what the reference computes:
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -37,11 +36,11 @@ import torch
 from torch import nn
 from transformers import Qwen3OmniMoeCode2Wav, Qwen3OmniMoeForConditionalGeneration
 
+from pipeline.families.kit.hf_release import checked_release_config
 from pipeline.families.qwen3_omni.tiny_config import ARCHITECTURE, tiny_config
 
 ARCHITECTURES = (ARCHITECTURE,)
 MODEL_TYPE = "qwen3_omni_moe"
-WEIGHTS_INDEX = "model.safetensors.index.json"
 PERTURB_STD = 0.1  # noise on parameters initialised to a constant
 CONV_GAIN = 0.7  # code2wav's convolutions: std CONV_GAIN / sqrt(fan-in)
 RESIDUAL_GAIN = 0.3  # the residual units' last convolution (a branch added to its input)
@@ -100,31 +99,6 @@ def code2wav_at_working_gain(code2wav: Qwen3OmniMoeCode2Wav, generator: torch.Ge
 
 def check_release(directory: Path) -> dict:
     """The release's config.json, or a clear error naming what is missing or wrong."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"no Qwen3-Omni release at {directory}: the directory is absent "
-                                "(download Qwen/Qwen3-Omni-30B-A3B-Instruct there)")
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{directory} is not a Qwen3-Omni release: no config.json")
-    config: dict = json.loads(config_path.read_text())
-    architectures = config.get("architectures") or []
-    if config.get("model_type") != MODEL_TYPE or not set(ARCHITECTURES) & set(architectures):
-        raise ValueError(
-            f"{directory} is not a Qwen3-Omni release: config.json has model_type "
-            f"{config.get('model_type')!r} and architectures {architectures}, expected "
-            f"{MODEL_TYPE!r} and {ARCHITECTURE}")
-    missing = [name for name in release_weights(directory) if not (directory / name).is_file()]
-    if missing:
-        raise FileNotFoundError(f"Qwen3-Omni release at {directory} lacks {', '.join(missing)}")
-    return config
-
-
-def release_weights(directory: Path) -> list[str]:
-    """The weight files a release must hold: one model.safetensors, or the index and every
-    shard it names."""
-    index = Path(directory) / WEIGHTS_INDEX
-    if not index.is_file():
-        return ["model.safetensors"]
-    weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-    return [WEIGHTS_INDEX, *sorted(set(weight_map.values()))]
+    return checked_release_config(directory, "Qwen3-Omni",
+                                  "download Qwen/Qwen3-Omni-30B-A3B-Instruct there",
+                                  MODEL_TYPE, ARCHITECTURES)
