@@ -30,6 +30,7 @@ from transformers import (
     Qwen2_5OmniThinkerForConditionalGeneration,
 )
 
+from pipeline.families.kit.hf_release import TOKENIZER_FILES
 from pipeline.families.qwen25_omni.real_size import REAL_TALKER
 from pipeline.families.qwen25_omni.release import (
     ARCHITECTURE,
@@ -40,7 +41,7 @@ from pipeline.families.qwen25_omni.release import (
     write_tiny_release,
 )
 from pipeline.families.qwen25_omni.talker_lm import convert_talker
-from pipeline.families.qwen25_omni.thinker_lm import TOKENIZER_FILES, write_thinker_lm
+from pipeline.families.qwen25_omni.thinker_lm import write_thinker_lm
 
 # max |logit difference|; measured 0.0 (thinker) and 3.6e-7 (talker), float32. A dropped bias
 # moved the logits by 9.9e-3 (thinker q_proj), 0.29 (thinker v_proj), 0.21 (talker v_proj); a

@@ -4,7 +4,8 @@ The release must load in transformers' reference class with every tensor in plac
 random weights must leave nothing at transformers' constant initialisation (zero biases, unit
 norms: a parity test over those cannot see a port that drops one), a second build must find
 the first one current (`build_support.build_once`), and config.json must carry the published
-release's names.
+release's names. Beside the release the family holds the thinker's LM (thinker_lm/, checked
+against the reference in test_qwen3_omni_thinker.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 from pipeline.families import load_family
 from pipeline.families.kit.build_support import read_manifest
 from pipeline.families.kit.release_build import release_dir
-from pipeline.families.qwen3_omni.build import FAMILY, RECIPE, SEED, build_qwen3_omni
+from pipeline.families.qwen3_omni.build import (
+    FAMILY,
+    RECIPE,
+    SEED,
+    THINKER_LM,
+    build_qwen3_omni,
+)
 from pipeline.families.qwen3_omni.release import (
     PERTURB_STD,
     check_release,
@@ -174,12 +181,23 @@ def test_no_parameter_is_left_at_its_constant_initialisation(
     assert float(reference.code2wav.upsample[0][1].gamma.detach().abs().max()) > 1e-2  # not 1e-6
 
 
+def test_the_family_holds_the_release_and_the_thinker_lm(models: Path) -> None:
+    family = models / FAMILY
+    assert sorted(p.name for p in family.iterdir()) == ["manifest.json", "release", THINKER_LM]
+    assert sorted(p.name for p in (family / THINKER_LM).iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors"]
+    listed = read_manifest(family)["files"]
+    assert f"{THINKER_LM}/model.safetensors" in listed and "release/config.json" in listed
+
+
 def test_a_second_build_is_a_no_op_and_the_seed_is_honoured(models: Path) -> None:
     family = models / FAMILY
     weights = release_dir(family) / "model.safetensors"
-    before = (weights.stat().st_mtime_ns, read_manifest(family))
+    lm_weights = family / THINKER_LM / "model.safetensors"
+    before = (weights.stat().st_mtime_ns, lm_weights.stat().st_mtime_ns, read_manifest(family))
     assert build_qwen3_omni(models, progress=False) == family
-    assert (weights.stat().st_mtime_ns, read_manifest(family)) == before
+    assert (weights.stat().st_mtime_ns, lm_weights.stat().st_mtime_ns,
+            read_manifest(family)) == before
     assert read_manifest(family)["recipe"] == RECIPE and read_manifest(family)["seed"] == SEED
     other = models.parent / f"{models.name}-other"
     rebuilt = build_qwen3_omni(other, progress=False, seed=SEED + 1)

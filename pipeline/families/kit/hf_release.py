@@ -1,14 +1,18 @@
 """A transformers-style release directory (config.json and safetensors weights) as the families
-that read one where it lies check it: the omni families' releases, real or tiny."""
+that read one where it lies check it: the omni families' releases, real or tiny; and the
+tokenizer files a model derived from one carries over."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 WEIGHTS_INDEX = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "chat_template.json", "special_tokens_map.json", "added_tokens.json")
 
 
 def release_shards(release: Path) -> list[str]:
@@ -53,3 +57,12 @@ def checked_release_config(directory: Path, label: str, download: str, model_typ
     if missing:
         raise FileNotFoundError(f"{label} release at {directory} lacks {', '.join(missing)}")
     return config
+
+
+def copy_tokenizer_files(release: Path, directory: Path) -> list[str]:
+    """Copy the release's tokenizer files (those of `TOKENIZER_FILES` it has) into `directory`,
+    so that a language model written there loads its tokenizer; the names copied."""
+    copied = [name for name in TOKENIZER_FILES if (Path(release) / name).is_file()]
+    for name in copied:
+        shutil.copyfile(Path(release) / name, Path(directory) / name)
+    return copied

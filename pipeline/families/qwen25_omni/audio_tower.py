@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from transformers import Qwen2_5OmniConfig, WhisperFeatureExtractor
 
+from pipeline.families.kit.release_tensors import release_tensors
 from pipeline.families.kit.torch_placement import Placement
 from pipeline.families.kit.transformers_internals import (
     audio_encoder_class,
     feature_lengths,
     model_from_config,
 )
-from pipeline.families.qwen25_omni.release import release_tensors
 
 SAMPLE_RATE = 16000
 INT16_SCALE = 32768.0

@@ -19,12 +19,10 @@ cannot load): its tokenizer and feature extractor are, which is all the audio pa
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from tokenizers import Tokenizer
 from transformers import (
     GenerationConfig,
@@ -33,11 +31,8 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from pipeline.families.kit.hf_release import (
-    WEIGHTS_INDEX,
-    checked_release_config,
-    release_shards,
-)
+from pipeline.families.kit.hf_release import checked_release_config
+from pipeline.families.kit.release_tensors import release_tensor_names
 from pipeline.families.qwen25_omni import tiny_tokenizer
 from pipeline.families.qwen25_omni.tiny_config import TokenIds, tiny_config
 
@@ -134,15 +129,6 @@ def thinker_head_tied(release: Path) -> bool:
     return bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
 
 
-def release_tensor_names(release: Path) -> set[str]:
-    """Every tensor name the release's weights hold (from the index, or the one file)."""
-    index = Path(release) / WEIGHTS_INDEX
-    if index.is_file():
-        return set(json.loads(index.read_text())["weight_map"])
-    with safe_open(Path(release) / "model.safetensors", "pt") as source:
-        return set(source.keys())
-
-
 def speaker_for(voice: str, speakers: list[str]) -> str:
     """The release speaker a job's voice names: "default" is Chelsie (the reference's) where
     the release has her, else its first; the Talker and the VoiceBox both choose by this."""
@@ -151,24 +137,6 @@ def speaker_for(voice: str, speakers: list[str]) -> str:
     if voice not in speakers:
         raise ValueError(f"unknown voice {voice!r}; this release has {speakers}")
     return voice
-
-
-def shard_tensors(release: Path, prefixes: tuple[str, ...],
-                  strip: str) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
-    """Per release shard: its name and its tensors under `prefixes`, `strip` taken off their
-    names (one shard in memory at a time)."""
-    for shard in release_shards(release):
-        with safe_open(Path(release) / shard, "pt") as source:
-            names = [key for key in source.keys() if key.startswith(prefixes)]  # noqa: SIM118
-            yield shard, {key.removeprefix(strip): source.get_tensor(key) for key in names}
-
-
-def release_tensors(release: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """The release's tensors under `prefix`, the prefix taken off their names."""
-    tensors: dict[str, torch.Tensor] = {}
-    for _, part in shard_tensors(release, (prefix,), prefix):
-        tensors |= part
-    return tensors
 
 
 def _required_files(directory: Path) -> list[str]:

@@ -13,24 +13,21 @@ releases.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from transformers import AutoTokenizer, Qwen2_5OmniConfig, Qwen2Config, Qwen2ForCausalLM
 
 from pipeline.families.kit.build_support import write_json
 from pipeline.families.kit.dummy_weights import meta_tensors, write_sparse_checkpoint
-from pipeline.families.kit.hf_release import WEIGHTS_INDEX, release_shards
-from pipeline.families.qwen25_omni.release import shard_tensors, thinker_head_tied
+from pipeline.families.kit.hf_release import WEIGHTS_INDEX, copy_tokenizer_files
+from pipeline.families.kit.release_tensors import write_renamed_shards
+from pipeline.families.qwen25_omni.release import thinker_head_tied
 
 PREFIXES = ("thinker.model.", "thinker.lm_head.")
 EMBED_TABLE = "model.embed_tokens.weight"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                   "chat_template.json", "special_tokens_map.json", "added_tokens.json")
 
 
 def write_thinker_lm(release: Path, directory: Path, dummy_weights: bool = False) -> None:
@@ -46,10 +43,8 @@ def write_thinker_lm(release: Path, directory: Path, dummy_weights: bool = False
     if dummy_weights:
         write_sparse_checkpoint(directory, meta_tensors(lambda: Qwen2ForCausalLM(config)))
     else:
-        _write_weights(release, directory)
-    for name in TOKENIZER_FILES:
-        if (release / name).is_file():
-            shutil.copyfile(release / name, directory / name)
+        write_renamed_shards(release, directory, PREFIXES, "thinker.")
+    copy_tokenizer_files(release, directory)
     tokenizer = AutoTokenizer.from_pretrained(release)
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     write_json(directory / "generation_config.json",
@@ -75,20 +70,6 @@ def lm_config(release: Path) -> Qwen2Config:
         bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id,
         pad_token_id=text.pad_token_id, dtype=text.dtype or "float32",
     )
-
-
-def _write_weights(release: Path, directory: Path) -> None:
-    """The thinker LM's tensors, renamed, one output shard per release shard holding any."""
-    shards = release_shards(release)
-    weight_map: dict[str, str] = {}
-    for number, (_, tensors) in enumerate(shard_tensors(release, PREFIXES, "thinker."), 1):
-        out_name = ("model.safetensors" if len(shards) == 1
-                    else f"model-{number:05d}-of-{len(shards):05d}.safetensors")
-        if tensors:
-            save_file(tensors, directory / out_name, metadata={"format": "pt"})
-            weight_map |= dict.fromkeys(tensors, out_name)
-    if len(shards) > 1:
-        write_json(directory / WEIGHTS_INDEX, {"metadata": {}, "weight_map": weight_map})
 
 
 def read_embed_table(directory: Path, dtype: torch.dtype) -> torch.Tensor:

@@ -53,10 +53,11 @@ from transformers import (
 
 from pipeline.families.kit.batched_voicebox import BatchedVoiceBox
 from pipeline.families.kit.release_build import release_dir
+from pipeline.families.kit.release_tensors import release_tensors
 from pipeline.families.kit.torch_placement import Placement
 from pipeline.families.kit.torch_thread import TorchThread
 from pipeline.families.qwen25_omni.build import FAMILY
-from pipeline.families.qwen25_omni.release import release_tensors, speaker_for
+from pipeline.families.qwen25_omni.release import speaker_for
 from pipeline.families.qwen25_omni.token2wav_window import (
     CONTEXT_TOKENS,
     SamplerSettings,

@@ -1,12 +1,13 @@
-"""Builds the qwen3_omni family's directory: a release, and (in later increments) the parts
-derived from it.
+"""Builds the qwen3_omni family's directory: a release, and the parts derived from it.
 
 Layout under `<models_dir>/qwen3_omni/`: release/ (the tiny random release, when no real one is
-given: `release.write_tiny_release`) and manifest.json, whose "release" field says where the
-release is: "release" (inside, tiny) or the absolute path of a real one, which is read where it
-lies and never copied. A build whose manifest still matches is skipped; otherwise it is rebuilt
-whole in a staging directory under a file lock (`build_support.build_once`). The family has no
-stages yet (its code2wav renders in torch, `code2wav.py`), so the registry does not list it.
+given: `release.write_tiny_release`), thinker_lm/ (the thinker's language model as a plain
+Qwen3MoeForCausalLM for stock vLLM: `thinker_lm`) and manifest.json, whose "release" field says
+where the release is: "release" (inside, tiny) or the absolute path of a real one, which is read
+where it lies and never copied. A build whose manifest still matches is skipped; otherwise it
+is rebuilt whole in a staging directory under a file lock (`build_support.build_once`). The
+family has no stages yet (its code2wav renders in torch, `code2wav.py`), so the registry does
+not list it.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from pipeline.families.kit.release_build import (
     run_steps,
 )
 from pipeline.families.qwen3_omni.release import check_release, write_tiny_release
+from pipeline.families.qwen3_omni.thinker_lm import write_thinker_lm
 
 FAMILY = "qwen3_omni"
-RECIPE = "qwen3-omni-1"  # bump when the build changes what it writes: old builds are rebuilt
+RECIPE = "qwen3-omni-2"  # bump when the build changes what it writes: old builds are rebuilt
 SEED = 2025
+THINKER_LM = "thinker_lm"
 
 
 def build_qwen3_omni(models_dir: Path, progress: bool = True, seed: int = SEED,
@@ -53,9 +56,13 @@ def built_family(models_dir: Path | str) -> Path:
 
 
 def _write_all(root: Path, release: Path | None, fields: dict, progress: bool) -> None:
+    source = release or root / TINY_RELEASE
     steps: list[Step] = []
     if release is None:
         steps.append(("tiny release (random weights)",
-                      lambda: write_tiny_release(root / TINY_RELEASE, int(fields["seed"]))))
-    steps.append(("manifest", lambda: write_manifest(root, fields)))
+                      lambda: write_tiny_release(source, int(fields["seed"]))))
+    steps += [
+        ("thinker LM", lambda: write_thinker_lm(source, root / THINKER_LM)),
+        ("manifest", lambda: write_manifest(root, fields)),
+    ]
     run_steps(FAMILY, steps, progress)
