@@ -48,6 +48,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "while the engine is created"),
     Variable("OMP_NUM_THREADS", "torch's thread count in a bound CPU engine, set while it is "
              "created"),
+    Variable("VLLM_ENABLE_V1_MULTIPROCESSING", "0 while an engine is created: a CPU engine runs "
+             "its model in its engine core's process, not a third one "
+             "(pipeline/engines/vllm_internals.py)"),
     Variable("PYTHONUNBUFFERED", "a bench's child commands print as they go", "1"),
     Variable("XDG_CACHE_HOME", "read: where the benches cache synthesized speech "
              "(~/.cache when unset)"),

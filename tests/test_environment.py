@@ -71,7 +71,7 @@ def test_the_operations_doc_lists_the_table() -> None:
     text = (REPO_ROOT / "docs" / "operations.md").read_text()
     section = text[text.index("## Environment"):]
     section = section[:section.index("\n## ", 1)]
-    listed = re.findall(r"^\| `([A-Z_]+)` \| ([^|]*) \|", section, re.MULTILINE)
+    listed = re.findall(r"^\| `([A-Z0-9_]+)` \| ([^|]*) \|", section, re.MULTILINE)
     assert [name for name, _ in listed] == list(environment.VARIABLES)
     for name, default in listed:
         assert default.strip() == (environment.VARIABLES[name].default or ""), name

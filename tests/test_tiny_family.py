@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
+from pipeline.engines import vllm_internals
 from pipeline.families.kit.build_support import read_manifest
 from pipeline.families.tiny import TinyTalker, TinyThinker, TinyVoiceBox, build_tiny
 from pipeline.families.tiny.audio_encoder import TinyAudioEncoder
@@ -176,6 +178,19 @@ async def test_talker_streams_speech_tokens_in_groups(talker: TinyTalker, pool: 
     assert all(0 <= t < 256 for g in groups for t in g.tokens)
     assert pool.in_use == held_before, "the talker releases the text_embeds block"
     figure("talker speech tokens", sum(sizes) / elapsed, "tok/s")
+
+
+async def test_each_engine_runs_its_model_in_its_engine_core_on_its_cores(
+    thinker: TinyThinker, talker: TinyTalker
+) -> None:
+    """The model runs inside the engine core's process (no vLLM worker process beside it:
+    vllm_internals.engine_creation), confined to the stage's cpu_cores ("0" and "1")."""
+    assert {vllm_internals.executor_backend(stage.engine.llm)
+            for stage in (thinker, talker)} == {"uni"}
+    cores = [p for p in psutil.Process().children() if p.name() == "VLLM::EngineCore"]
+    assert sorted(p.cpu_affinity() for p in cores) == [[0], [1]], cores
+    workers = [c.name() for p in cores for c in p.children(recursive=True)]
+    assert not [name for name in workers if "Worker" in name], workers
 
 
 async def test_talker_refuses_an_unknown_voice_and_frees_the_block(

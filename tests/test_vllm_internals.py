@@ -69,51 +69,84 @@ def test_device_config_says_the_engine_device() -> None:
 def test_cpu_binding_is_still_read_from_the_environment() -> None:
     import vllm.envs
 
-    assert vllm_internals.CPU_BIND_ENV in vllm.envs.environment_variables, (
-        f"vLLM no longer reads {vllm_internals.CPU_BIND_ENV}")
+    for name in (vllm_internals.CPU_BIND_ENV, vllm_internals.MULTIPROCESSING_ENV):
+        assert name in vllm.envs.environment_variables, f"vLLM no longer reads {name}"
 
 
-def test_cpu_binding_sets_the_variable_for_one_creation_and_restores_it(
+def test_engine_creation_sets_the_variables_for_one_creation_and_restores_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    name = vllm_internals.CPU_BIND_ENV
-    monkeypatch.delenv(name, raising=False)
-    with vllm_internals.cpu_binding("1"):
-        assert os.environ[name] == "1"
-    assert name not in os.environ
+    name, threads = vllm_internals.CPU_BIND_ENV, vllm_internals.OMP_THREADS_ENV
+    single = vllm_internals.MULTIPROCESSING_ENV
+    for variable in (name, threads, single):
+        monkeypatch.delenv(variable, raising=False)
+    with vllm_internals.engine_creation("1"):
+        assert (os.environ[name], os.environ[threads], os.environ[single]) == ("1", "1", "0")
+    assert not {name, threads, single} & set(os.environ)
     monkeypatch.setenv(name, "0-1")
-    with vllm_internals.cpu_binding(None):
-        assert os.environ[name] == "0-1"
-    with vllm_internals.cpu_binding("0"):
+    with vllm_internals.engine_creation(None):
+        assert os.environ[name] == "0-1" and threads not in os.environ
+    with vllm_internals.engine_creation("0"):
         assert os.environ[name] == "0"
     assert os.environ[name] == "0-1"
-    threads = vllm_internals.OMP_THREADS_ENV
-    monkeypatch.delenv(threads, raising=False)
-    with vllm_internals.cpu_binding("nobind", 1):
+    with vllm_internals.engine_creation("nobind", 1):
         assert (os.environ[name], os.environ[threads]) == ("nobind", "1")
     assert (os.environ[name], os.environ.get(threads)) == ("0-1", None)
+    monkeypatch.setenv(single, "1")  # the operator's choice stands
+    with vllm_internals.engine_creation(None):
+        assert os.environ[single] == "1"
 
 
-def test_an_unbound_engine_keeps_the_thread_count_it_is_given(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """With "nobind" vLLM's CPU executor must leave OMP_NUM_THREADS alone: that is how the
-    local profile's unbound Thinker gets one thread (cpu_threads)."""
-    from types import SimpleNamespace
+def test_engine_creation_confines_the_creating_thread_to_the_cores() -> None:
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    with vllm_internals.engine_creation(str(core)):
+        assert os.sched_getaffinity(0) == {core}
+    assert os.sched_getaffinity(0) == before
+    with vllm_internals.engine_creation("nobind", 1):
+        assert os.sched_getaffinity(0) == before
 
-    from vllm.utils.ompmultiprocessing import OMPProcessManager
 
-    if not platform_is_cpu():
-        pytest.skip("OMPProcessManager configures nothing off the CPU platform")
-    threads = vllm_internals.OMP_THREADS_ENV
-    monkeypatch.setenv(vllm_internals.CPU_BIND_ENV, "nobind")
-    monkeypatch.setenv(threads, "3")
-    parallel = SimpleNamespace(local_world_size=1, data_parallel_rank_local=0,
-                               _api_process_count=1)
-    manager = OMPProcessManager(SimpleNamespace(parallel_config=parallel,
-                                                kv_transfer_config=None))
-    with manager.configure_omp_envs(rank=0, local_rank=0):
-        assert os.environ[threads] == "3", "vLLM now sets OMP_NUM_THREADS of an unbound engine"
+def test_core_lists_are_read_as_vllm_writes_them() -> None:
+    assert vllm_internals.cpu_list("0-2,5") == {0, 1, 2, 5}
+    assert vllm_internals.cpu_list("1") == {1}
+    for unbound in (None, "auto", "nobind"):
+        assert vllm_internals.cpu_list(unbound) is None
+    with pytest.raises(ValueError, match="no '\\|' ranks"):
+        vllm_internals.cpu_list("0|1")
+
+
+def test_the_cpu_platform_keeps_the_model_in_the_engine_core_at_zero() -> None:
+    """The CPU platform turns the single-process executor into the multiprocess one only
+    when VLLM_ENABLE_V1_MULTIPROCESSING is 1, and AsyncLLM's engine core is a process of its
+    own whatever it says: a kill -9 of the engine still leaves the stage worker standing."""
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    source = inspect.getsource(CpuPlatform.check_and_update_config)
+    assert (f'os.environ.get("{vllm_internals.MULTIPROCESSING_ENV}", "1") == "1"' in source
+            and 'distributed_executor_backend = "mp"' in source), (
+        "CpuPlatform.check_and_update_config no longer switches the executor on "
+        f"{vllm_internals.MULTIPROCESSING_ENV}, which {ADAPTER} sets")
+    assert "make_async_mp_client" in inspect.getsource(AsyncLLM.__init__), (
+        "AsyncLLM no longer always runs its engine core in a process of its own")
+
+
+def test_an_engine_given_threads_keeps_them_for_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM leaves torch's thread count alone when OMP_NUM_THREADS is set from outside: that is
+    how a bound engine gets one thread per core and the local profile's unbound Thinker its
+    cpu_threads."""
+    import torch
+    from vllm.utils.torch_utils import set_torch_threads_for_runtime
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv(vllm_internals.OMP_THREADS_ENV, "3")
+    try:
+        torch.set_num_threads(3)
+        set_torch_threads_for_runtime()
+        assert torch.get_num_threads() == 3, "vLLM now resets an engine's given thread count"
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_seeded_generators_are_still_rewound_by_the_cpu_runner() -> None:

@@ -357,7 +357,7 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         disable_log_stats=True,
         **memory_fraction,
     )
-    # Engine creation reads the core binding and threads from the environment as it spawns its
-    # processes.
-    with vllm_internals.cpu_binding(settings.cpu_cores, settings.cpu_threads):
+    # Engine creation reads the core binding, threads and executor from the environment as it
+    # spawns its processes.
+    with vllm_internals.engine_creation(settings.cpu_cores, settings.cpu_threads):
         box.append(AsyncLLM.from_engine_args(args))

