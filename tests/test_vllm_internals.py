@@ -9,7 +9,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 
 from pipeline.engines import vllm_internals
@@ -97,14 +101,30 @@ def test_engine_creation_sets_the_variables_for_one_creation_and_restores_them(
         assert os.environ[single] == "1"
 
 
-def test_engine_creation_confines_the_creating_thread_to_the_cores() -> None:
+def test_engine_creation_confines_what_it_spawned_to_the_cores() -> None:
+    """A process started inside the creation (as the engine core is) ends it confined to the
+    cores, every thread of it; the creating thread and a process started before keep theirs."""
     before = os.sched_getaffinity(0)
     core = min(before)
-    with vllm_internals.engine_creation(str(core)):
-        assert os.sched_getaffinity(0) == {core}
-    assert os.sched_getaffinity(0) == before
-    with vllm_internals.engine_creation("nobind", 1):
-        assert os.sched_getaffinity(0) == before
+    sleep = [sys.executable, "-c", "import threading, time; "
+             "threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"]
+    older = subprocess.Popen(sleep)
+    try:
+        with vllm_internals.engine_creation(str(core)):
+            spawned = subprocess.Popen(sleep)
+            time.sleep(0.5)  # its second thread started
+        try:
+            threads = psutil.Process(spawned.pid).threads()
+            assert len(threads) == 2
+            assert all(os.sched_getaffinity(t.id) == {core} for t in threads)
+            assert os.sched_getaffinity(0) == before
+            assert os.sched_getaffinity(older.pid) == before
+        finally:
+            spawned.kill()
+            spawned.wait()
+    finally:
+        older.kill()
+        older.wait()
 
 
 def test_core_lists_are_read_as_vllm_writes_them() -> None:

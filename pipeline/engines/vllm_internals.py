@@ -29,9 +29,10 @@ What each touches, and what upstream offers or would take instead:
   17.2 turns/s instead of 8.6). GPU engines on one device get "uni" anyway; several devices
   still get "mp". Without vLLM's multiprocess executor nothing applies
   `VLLM_CPU_OMP_THREADS_BIND` (its `OMPProcessManager` does, for the workers it spawns), so a
-  core list binds here the way it binds there: the creating thread is confined to those cores
-  while it spawns the engine core, which inherits the affinity, and `OMP_NUM_THREADS` is their
-  count (vLLM keeps torch's threads at that when it is set from outside,
+  core list binds here the way it binds there: once created, every thread of the engine core
+  is confined to those cores (the threads it starts later inherit it; confining the creating
+  thread instead would confine the stage worker's own threads started meanwhile), and
+  `OMP_NUM_THREADS` is their count (vLLM keeps torch's threads at that when it is set from outside,
   `set_torch_threads_for_runtime`); "nobind" gets the `cpu_threads` given. An engine argument
   for the CPU executor and its binding would replace all of it.
 - `runs_on_cpu`: `AsyncLLM.vllm_config.device_config.device_type`, the device the engine was
@@ -45,12 +46,15 @@ What each touches, and what upstream offers or would take instead:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from pipeline import environment
 
@@ -90,12 +94,13 @@ def runs_on_cpu(llm: AsyncLLM) -> bool:
 
 @contextmanager
 def engine_creation(cores: str | None, threads: int | None = None) -> Iterator[None]:
-    """Hold the engine-creation lock with the environment and affinity the engine's processes
-    inherit: VLLM_CPU_OMP_THREADS_BIND set to `cores`; the model in the engine core's process
-    (VLLM_ENABLE_V1_MULTIPROCESSING 0, unless the operator set it); for a core list, this
-    thread (which spawns the engine core) confined to those cores and OMP_NUM_THREADS their
-    count, as vLLM's multiprocess executor binds its workers; for "nobind", OMP_NUM_THREADS
-    `threads`. All are restored on exit."""
+    """Hold the engine-creation lock with the environment the engine's processes inherit:
+    VLLM_CPU_OMP_THREADS_BIND set to `cores`; the model in the engine core's process
+    (VLLM_ENABLE_V1_MULTIPROCESSING 0, unless the operator set it); for a core list
+    OMP_NUM_THREADS their count, for "nobind" `threads`. All are restored on exit, and the
+    processes the creation spawned (the engine core) are then confined to the cores, every
+    thread of them, as vLLM's multiprocess executor binds its workers. This process's own
+    threads keep their affinity."""
     cpus = cpu_list(cores)
     if threads is None and cpus:
         threads = len(cpus)
@@ -103,18 +108,29 @@ def engine_creation(cores: str | None, threads: int | None = None) -> Iterator[N
               MULTIPROCESSING_ENV: environment.get(MULTIPROCESSING_ENV) or "0"}
     with _CPU_BIND_LOCK:
         previous = {name: environment.get(name) for name in wanted}
-        affinity = os.sched_getaffinity(0)
+        before = {child.pid for child in psutil.Process().children()}
         for name, value in wanted.items():
             if value is not None:
                 environment.put(name, value)
         try:
-            if cpus:
-                os.sched_setaffinity(0, cpus)  # this thread's: its children inherit it
             yield
         finally:
-            os.sched_setaffinity(0, affinity)
             for name, value in previous.items():
                 environment.put(name, value)
+        if cpus:
+            spawned = [c for c in psutil.Process().children() if c.pid not in before]
+            confine(spawned, cpus)
+
+
+def confine(processes: list[psutil.Process], cpus: set[int]) -> None:
+    """Confine every thread of `processes` and their descendants to `cpus` (threads they
+    start later inherit it)."""
+    for process in processes:
+        for member in (process, *process.children(recursive=True)):
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                for thread in member.threads():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(thread.id, cpus)
 
 
 def cpu_list(cores: str | None) -> set[int] | None:
