@@ -11,7 +11,6 @@ import inspect
 import os
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -107,12 +106,14 @@ def test_engine_creation_confines_what_it_spawned_to_the_cores() -> None:
     before = os.sched_getaffinity(0)
     core = min(before)
     sleep = [sys.executable, "-c", "import threading, time; "
-             "threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"]
+             "threading.Thread(target=time.sleep, args=(60,)).start(); "
+             "print('ready', flush=True); time.sleep(60)"]
     older = subprocess.Popen(sleep)
     try:
         with vllm_internals.engine_creation(str(core)):
-            spawned = subprocess.Popen(sleep)
-            time.sleep(0.5)  # its second thread started
+            spawned = subprocess.Popen(sleep, stdout=subprocess.PIPE, text=True)
+            assert spawned.stdout is not None
+            assert spawned.stdout.readline() == "ready\n"  # its second thread is running
         try:
             threads = psutil.Process(spawned.pid).threads()
             assert len(threads) == 2
@@ -121,7 +122,7 @@ def test_engine_creation_confines_what_it_spawned_to_the_cores() -> None:
             assert os.sched_getaffinity(older.pid) == before
         finally:
             spawned.kill()
-            spawned.wait()
+            spawned.communicate()
     finally:
         older.kill()
         older.wait()
