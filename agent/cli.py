@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     build.add_argument("--real-widths", type=Path, default=None, metavar="DIR",
                        help="instead: write a checkpoint of the family at its published model's "
                        "real widths, layers cut, random weights, in the published layout, to "
-                       "DIR (served with --model-path DIR; omni, orpheus)")
+                       "DIR (served with --model-path DIR; omni, orpheus, qwen3-omni)")
     build.add_argument("--layers", type=int, default=1,
                        help="with --real-widths: layers per stack (default 1)")
     add_setting_flags(build, ("models_dir",))
@@ -277,7 +277,7 @@ def write_real_widths(family: Any, args: argparse.Namespace) -> int:
     write = getattr(family, "write_real_widths", None)
     if write is None:
         raise CommandLineError(f"{args.family}: no real-width checkpoint to write (the "
-                               "families of omni and orpheus have one)")
+                               "families of omni, orpheus and qwen3-omni have one)")
     if args.layers < 1:
         raise CommandLineError(f"--layers: at least 1, got {args.layers}")
     if args.real_widths.exists() and any(args.real_widths.iterdir()):

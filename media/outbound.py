@@ -3,7 +3,11 @@
 aiortc's sender pulls frames as fast as `recv()` returns them, so the track paces itself on an
 absolute clock (frame n leaves at start + n * 20 ms of loop time) and sends silence whenever
 nothing is queued. Writers get back-pressure from a queue bounded in milliseconds; a flush
-(barge-in) drops everything at once.
+(barge-in) drops everything at once, and the frame after it fades out the audio that would
+have come next over FADE_MS: a step to silence rings on through Opus (a 100 Hz tone at -6 dBFS
+stays above -50 dBFS 87 ms after the cut at the caller's decoder), the fade is heard for 7 ms and
+only its frame's coding noise, about -45 dBFS, to the end of that frame
+(tests/test_outbound.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ MAX_LAG_FRAMES = 5
 # Source audio is resampled and queued in slices of this length, so one write never holds
 # the event loop for long and back-pressure applies inside a long write.
 WRITE_SLICE_MS = 100
+# A flush's fade-out (raised cosine): long enough to leave no step for Opus to ring on, short
+# enough to be over well inside the frame after the cut.
+FADE_MS = 5
+_FADE = np.cos(np.linspace(0.0, np.pi / 2, SAMPLE_RATE * FADE_MS // 1000, endpoint=False)) ** 2
 
 
 def _to_int16(pcm: np.ndarray) -> np.ndarray:
@@ -92,6 +100,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         self._playing = False
         self._resamplers: dict[int, _Resampler] = {}
         self._generation = 0  # bumped by flush(): writes from before it stop queuing
+        self._fade: np.ndarray | None = None  # a flush's fade-out, sent next (not agent audio)
         self._space = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._frame_index = 0
@@ -137,8 +146,10 @@ class OutboundAudioTrack(MediaStreamTrack):
                 await asyncio.sleep(0)  # a long write yields to the pacer between slices
 
     def flush(self) -> int:
-        """Drop all queued audio now (barge-in); returns the ms dropped. Wakes blocked writers."""
+        """Drop all queued audio now (barge-in); returns the ms dropped. The next frame fades
+        out what would have played (module doc). Wakes blocked writers."""
         dropped = self._queued
+        self._fade = self._faded_next_frame() if self._playing else None
         self._chunks.clear()
         self._head = 0
         self._queued = 0
@@ -191,8 +202,29 @@ class OutboundAudioTrack(MediaStreamTrack):
         frame.time_base = TIME_BASE
         return frame
 
+    def _faded_next_frame(self) -> np.ndarray | None:
+        """The queued audio's next FADE_MS, faded to silence; None if none is queued."""
+        parts, need = [], len(_FADE)
+        for i, chunk in enumerate(self._chunks):
+            part = chunk[self._head if i == 0 else 0:][:need]
+            parts.append(part)
+            need -= len(part)
+            if not need:
+                break
+        if not parts:
+            return None
+        pcm = np.concatenate(parts)
+        faded: np.ndarray = (pcm * _FADE[:len(pcm)]).astype(np.int16)
+        return faded
+
     def _take(self) -> tuple[np.ndarray, int]:
-        """Pop up to one frame of queued audio, padded with silence; returns (frame, n audio)."""
+        """Pop up to one frame of queued audio, padded with silence; returns (frame, n audio).
+        A flush's fade-out goes first, counted as no audio (the reply was already cut)."""
+        if self._fade is not None:
+            samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+            samples[:len(self._fade)] = self._fade
+            self._fade = None
+            return samples, 0
         if self._chunks:
             chunk = self._chunks[0]
             if len(chunk) - self._head >= FRAME_SAMPLES:  # common case: one slice, one copy

@@ -11,7 +11,10 @@ import subprocess
 import wave
 from pathlib import Path
 
+import av
 import numpy as np
+
+from media.outbound import FRAME_SAMPLES, SAMPLE_RATE
 
 ESPEAK = shutil.which("espeak-ng") or "/usr/bin/espeak-ng"
 SOX = shutil.which("sox") or "/usr/bin/sox"
@@ -91,3 +94,31 @@ def tone(freq_hz: float, duration_s: float, rate: int, amplitude: float = 0.5) -
     """A sine tone as int16 at `rate`."""
     t = np.arange(round(duration_s * rate)) / rate
     return (np.sin(2 * np.pi * freq_hz * t) * amplitude * 32767).astype(np.int16)
+
+
+def frames_of(pcm: np.ndarray, first: int = 0) -> list[av.AudioFrame]:
+    """Mono int16 `pcm` at the outbound track's rate as its 20 ms s16 frames, the first
+    numbered `first`."""
+    size = FRAME_SAMPLES
+    frames = []
+    for n in range(len(pcm) // size):
+        frame = av.AudioFrame.from_ndarray(pcm[n * size:(n + 1) * size].reshape(1, -1),
+                                           format="s16", layout="mono")
+        frame.sample_rate, frame.pts = SAMPLE_RATE, (first + n) * size
+        frames.append(frame)
+    return frames
+
+
+def gliding_wave(seconds: float) -> np.ndarray:
+    """A 16 kHz float64 'utterance' within [-1, 1]: a tone gliding up from 200 Hz with a
+    little noise, the same at every call (a fixed seed)."""
+    t = np.arange(int(16_000 * seconds)) / 16_000
+    rng = np.random.default_rng(7)
+    wave: np.ndarray = (0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t)
+                        + 0.02 * rng.standard_normal(t.size))
+    return wave
+
+
+def gliding_utterance(seconds: float) -> np.ndarray:
+    """`gliding_wave` as 16 kHz int16 samples, as a caller's audio reaches a Thinker."""
+    return (gliding_wave(seconds) * 32767).astype(np.int16)

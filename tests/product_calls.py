@@ -139,7 +139,9 @@ async def barge_in_on_a_second_reply(served: Served, caller: RtcCaller, question
     """The caller asks `question` again, then talks over the reply while it is still being
     generated: the reply is cancelled and every request of its turn leaves every engine and
     worker."""
-    update_session(caller, max_output_tokens=200)  # still generating when talked over
+    # Long enough to be still generating when talked over: 200 tokens (about 1 s here) ended
+    # only 0.15 s after the cut lands here, and before it on CI's machine; 600 give a 3x margin.
+    update_session(caller, max_output_tokens=600)
     await caller.wait_for("session.updated", timeout=10)
     caller.audio.replace(question)  # the caller asks again: a second reply starts
     await caller.wait_for("output_audio_buffer.started", count=2, timeout=timeout_s)

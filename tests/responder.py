@@ -25,6 +25,9 @@ class ToneResponder:
     def on_speech_started(self, event: SpeechStarted, item_id: str) -> None:
         pass
 
+    def on_speech_heard(self, voiced_ms: int) -> None:
+        pass
+
     def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None:
         self.utterances.append(event)
         task = asyncio.ensure_future(

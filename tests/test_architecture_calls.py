@@ -36,6 +36,8 @@ from pipeline.families.kit.build_support import read_manifest
 from pipeline.families.kit.release_build import release_dir
 from pipeline.families.orpheus import build_orpheus
 from pipeline.families.orpheus.release import SNAC, TALKER, THINKER
+from pipeline.families.qwen3_omni.build import SEED as QWEN3_OMNI_SEED
+from pipeline.families.qwen3_omni.release import write_tiny_release as write_qwen3_omni_release
 from pipeline.families.qwen25_omni.build import SEED
 from pipeline.families.qwen25_omni.release import write_tiny_release
 from tests.audio_fixtures import speech_wav
@@ -66,6 +68,9 @@ def tiny_checkpoint(profile: str, folder: Path) -> Path:
     if profile == "omni":
         write_tiny_release(folder / "release", SEED)
         return folder / "release"
+    if profile == "qwen3-omni":
+        write_qwen3_omni_release(folder / "release", QWEN3_OMNI_SEED)
+        return folder / "release"
     built = build_orpheus(folder / "built", progress=False)
     (folder / "release").mkdir()
     for part in (TALKER, SNAC):
@@ -80,7 +85,7 @@ def random_weight_settings(profile: str) -> dict[str, Any]:
     return {key: tiny[key] for key in ("stages", "cascade") if key in tiny}
 
 
-@pytest.fixture(scope="module", params=["omni", "orpheus"])
+@pytest.fixture(scope="module", params=["omni", "orpheus", "qwen3-omni"])
 async def served(request: pytest.FixtureRequest, tiny_models_dir: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
     checkpoint = tiny_checkpoint(request.param, tmp_path_factory.mktemp("checkpoint"))

@@ -119,9 +119,21 @@ def test_bench_calls_command(tiny_models_dir: Path, tmp_path: Path) -> None:
         # (a median of one or two values is their mean) the medians subtract too.
         after_heard = level["barge_in_stop_after_heard_ms"]
         assert after_heard["p50"] == pytest.approx(barge["p50"] - heard["p50"]), after_heard
+        # The cut arrived after speech_started and after the floor's 200 ms of speech had been
+        # sent in real time (less a frame or two: the VAD counts from its first voiced frame);
+        # the stop is the cut plus what was still heard after it.
+        cut, after_cut = level["barge_in_cut_ms"], level["barge_in_after_cut_ms"]
+        assert cut["n"] == n and heard["p50"] < cut["p50"] and cut["p50"] > 150, (cut, heard)
+        assert after_cut["p50"] == pytest.approx(barge["p50"] - cut["p50"]), after_cut
         # Gaps inside replies: the count of those of GAP_MS or more agrees with the longest.
         assert level["gaps_ms_max"] is not None and level["gaps_ms_max"] < wall_ms, level
         assert (level["gaps"] > 0) == (level["gaps_ms_max"] >= GAP_MS), level
+        longest = level["longest_gap"]  # that turn, with the server's underruns in it
+        if level["gaps_ms_max"]:
+            assert longest["gaps_ms"] == level["gaps_ms_max"], longest
+            assert longest["stamps"]["underruns"] >= 0, longest
+        else:
+            assert longest is None, longest
         assert level["late_ms_max"] is not None and level["late_ms_max"] < wall_ms, level
         # Turns per second: over the time until the last reply ended, which is within the
         # level and at least as long as the slowest turn's first audio took.

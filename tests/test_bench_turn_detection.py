@@ -63,3 +63,5 @@ async def test_a_semantic_vad_call_is_timed_with_the_servers_stamps(
     assert went["turn_began_ms"] <= went["first_audio_queued_ms"] <= went["first_frame_sent_ms"]
     assert went["first_frame_sent_ms"] <= ttfa + 50, (went, ttfa)
     assert 0 < went["thinker_first_token_ms"] <= went["voicebox_first_chunk_ms"], went
+    assert isinstance(went["underruns"], int) and went["underruns"] >= 0, went  # the record's
+    assert set(went["longest_wait_ms"]) == {"thinker", "talker", "voicebox"}, went

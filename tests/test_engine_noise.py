@@ -1,19 +1,13 @@
-"""An engine's start prints no known dependency noise at the default log level, and real
-warnings still get through (`pipeline.engines.vllm_noise`).
-
-The engine runs in a subprocess set up as a stage worker is (root logging at INFO), so that
-what vLLM's own engine processes print is captured too.
-"""
+"""The filters that keep known dependency noise of an engine's start below the default log
+level, and let real warnings through (`pipeline.engines.vllm_noise`). That a real server's
+output, its engine processes' included, has none of it: tests/test_serve_process.py."""
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -26,7 +20,6 @@ from pipeline.engines.vllm_noise import (
     quiet_engine_processes,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 # What the noise looks like in the output, whichever process and format printed it.
 NOISE_LINES = [
     "Triton is not installed. triton-cpu is expected on x86 CPUs.",
@@ -35,60 +28,11 @@ NOISE_LINES = [
     "Triton not available, find_triton_kernels",
     "torch.distributed.reduce_op` is deprecated",
 ]
-REAL_WARNING = "omnivox test: a real vLLM warning"
-REAL_FUTURE_WARNING = "omnivox test: a real FutureWarning"
-
-ENGINE_SCRIPT = textwrap.dedent(f"""
-    import asyncio, logging, sys, warnings
-    from pathlib import Path
-
-    async def main(models: Path) -> None:
-        from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine
-        from pipeline.families.tiny import build_tiny
-        from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS
-
-        family = build_tiny(models, progress=False)
-        settings = EngineSettings.from_mapping({{
-            **ENGINE_DEFAULTS, "model": str(family / "thinker"), "max_model_len": 256,
-            "max_num_seqs": 4}})
-        engine = await VllmEngine.start(settings)
-        try:
-            sampling = Sampling(max_tokens=2, ignore_eos=True)
-            async for _ in engine.generate("noise-0", [1, 2, 3], sampling):
-                pass
-            # on a logger the filter watches, and a FutureWarning: both must get through
-            logging.getLogger("vllm.platforms.cpu").warning({REAL_WARNING!r})
-            warnings.warn({REAL_FUTURE_WARNING!r}, FutureWarning, stacklevel=1)
-        finally:
-            await engine.stop()
-
-    if __name__ == "__main__":
-        # as a stage worker sets itself up (worker_main)
-        logging.basicConfig(level="INFO", format="%(asctime)s omnivox-thinker "
-                            "%(levelname)s %(name)s: %(message)s")
-        asyncio.run(main(Path(sys.argv[1])))
-""")
 
 
 def noise_in(output: str) -> list[str]:
     """The output's lines that are known noise."""
     return [line for line in output.splitlines() if any(n in line for n in NOISE_LINES)]
-
-
-@pytest.mark.engines
-def test_an_engine_start_prints_no_known_noise(tiny_models_dir: Path, tmp_path: Path) -> None:
-    script = tmp_path / "engine_noise.py"
-    script.write_text(ENGINE_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k not in (LOGGING_CONFIG_ENV, WARNINGS_ENV)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(script), str(tiny_models_dir)], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    assert not noise_in(output), "\n".join(noise_in(output))
-    assert REAL_WARNING in output and REAL_FUTURE_WARNING in output, output[-4000:]
-    # vLLM's engine processes still print their other warnings (the filter is exact)
-    assert re.search(r"\(EngineCore pid=\d+\) WARNING", output), output[-4000:]
 
 
 def _record(name: str, msg: str, level: int = logging.WARNING) -> logging.LogRecord:

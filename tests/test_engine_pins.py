@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.engines.pins import EngineVersionError, check_engine_versions, engine_pins
-from pipeline.engines.vllm import EngineSettings, EngineSettingsError
+from pipeline.engines.vllm import (
+    LAST_STATE_POOLING,
+    ONLINE_QUANTIZATIONS,
+    EngineSettings,
+    EngineSettingsError,
+)
 
 
 def _project(root: Path, name: str, requires: list[str], extras: list[str]) -> str:
@@ -87,3 +92,31 @@ def test_cpu_threads_only_for_an_unbound_engine() -> None:
                   {"cpu_cores": "nobind", "cpu_threads": 0}):
         with pytest.raises(EngineSettingsError, match="cpu_threads"):
             EngineSettings.from_mapping({"model": "/m", **wrong})
+
+
+def test_pooler_settings_only_for_a_pooling_engine() -> None:
+    pooling = EngineSettings.from_mapping({"model": "/m", **LAST_STATE_POOLING})
+    assert (pooling.runner, pooling.convert, pooling.pooling_type,
+            pooling.pooling_activation) == ("pooling", "embed", "LAST", False)
+    plain = EngineSettings.from_mapping({"model": "/m"})
+    assert (plain.runner, plain.convert, plain.pooling_type) == ("auto", "auto", None)
+    for wrong in ({"pooling_type": "LAST"}, {"runner": "generate", "pooling_activation": False}):
+        with pytest.raises(EngineSettingsError, match="pooling"):
+            EngineSettings.from_mapping({"model": "/m", **wrong})
+
+
+def test_quantization_is_one_of_vllms_online_ones() -> None:
+    """`quantization` takes exactly the installed vLLM's online shorthands (`--quantization`
+    names that quantize a bf16 checkpoint as it loads; "online" needs a quantization_config,
+    which the settings do not carry); anything else, vLLM 0.32's `fp8` (which now refuses a
+    bf16 checkpoint) included, is refused naming them."""
+    from vllm.config.quantization import ONLINE_QUANT_SHORTHAND_NAMES
+
+    assert set(ONLINE_QUANTIZATIONS) == set(ONLINE_QUANT_SHORTHAND_NAMES) - {"online"}
+    assert EngineSettings.from_mapping({"model": "/m"}).quantization is None
+    for name in ONLINE_QUANTIZATIONS:
+        assert EngineSettings.from_mapping({"model": "/m", "quantization": name}).quantization \
+            == name
+    for wrong in ("fp8", "online", "FP8_PER_TENSOR", 8):
+        with pytest.raises(EngineSettingsError, match=r"quantization .*fp8_per_tensor"):
+            EngineSettings.from_mapping({"model": "/m", "quantization": wrong})

@@ -12,11 +12,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+import torch
+
 from agent.bench.gpu_tests import pytest_outcome
 from agent.bench.gpu_torch import FORBIDDEN
+from agent.bench.gpu_torch_kit import Target
+from agent.bench.gpu_torch_qwen3 import thinker_rows_part
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURE_PARTS = ("token2wav", "audio_tower", "snac", "thinker_states")
+FIGURE_PARTS = ("token2wav", "audio_tower", "snac", "thinker_states", "qwen3_audio_tower",
+                "qwen3_code_predictor", "qwen3_code2wav", "qwen3_thinker_rows")
 # Runs the check as `python -m agent.bench.gpu_torch ARGS` with the named top-level packages
 # made unimportable (as on a GPU host that lacks them).
 BLOCKED_RUN = """
@@ -71,7 +77,32 @@ def test_tiny_check_measures_every_part_without_vllm(tmp_path: Path) -> None:
     assert [row["audio_s"] for row in result["parts"]["audio_tower"]["utterances"]] == [1, 2, 8]
     assert result["parts"]["thinker_states"]["layers_cut"] is False
     assert [row["requests"] for row in result["parts"]["thinker_states"]["batched_steps"]] == [1, 2]
+    qwen3 = {name.removeprefix("qwen3_"): part for name, part in result["parts"].items()
+             if name.startswith("qwen3_")}
+    assert [row["audio_s"] for row in qwen3["audio_tower"]["utterances"]] == [1, 2, 8]
+    assert [row["rows"] for row in qwen3["audio_tower"]["utterances"]] == [13, 26, 104]
+    assert [row["frames"] for row in qwen3["code_predictor"]["levels"]] == [1, 2]
+    assert qwen3["code_predictor"]["codebooks_predicted"] == 15
+    code2wav = qwen3["code2wav"]
+    assert [level["streams"] for level in code2wav["levels"]] == [1, 2]
+    assert code2wav["frames_per_group"] == [1, 1, 1, 2, 4, 1]  # 10 frames, as the Talker cuts
+    assert [row["rows"] for row in qwen3["thinker_rows"]["prompts"]] == [64, 512]
+    assert [row["requests"] for row in qwen3["thinker_rows"]["reply_rows"]] == [1, 2]
     assert set(result["estimate"]["parts"]) == set(FIGURE_PARTS)
+
+
+def test_real_layer_copy_is_skipped_where_the_gpu_lacks_the_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At real size the Thinker's layer copy (28.4 GiB in bfloat16) runs only where it fits the
+    device's free memory with room for its activations; otherwise it says why, building
+    nothing."""
+    free = 20 * 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * 2**30))
+    target = Target("real", torch.device("cuda"), torch.bfloat16)
+    row = thinker_rows_part(target, [1])
+    assert row == {"not_run": "skipped: the first 24 layers and the embedding table take 28.4 "
+                   "GiB in bfloat16, with 4 GiB beside them for activations; 20.0 GiB of the "
+                   "device are free"}
 
 
 def test_snac_missing_is_reported_not_raised(tmp_path: Path) -> None:

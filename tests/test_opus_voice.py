@@ -6,7 +6,6 @@ calls` (docs/measurements/2026-12-02-light-callers.md), not here."""
 
 from __future__ import annotations
 
-import av
 import numpy as np
 import pytest
 from aiortc import RTCRtpCodecParameters
@@ -16,21 +15,11 @@ from aiortc.jitterbuffer import JitterFrame
 
 from agent.bench.light_caller import SILENT_MAX_BYTES
 from media.opus_voice import RTP_STEP, VoiceOpusDecoder, VoiceOpusEncoder
-from media.outbound import FRAME_SAMPLES, SAMPLE_RATE
+from media.outbound import SAMPLE_RATE
 from media.peer import inbound_decoder
+from tests.audio_fixtures import frames_of
 
 TONE_HZ = 440.0
-
-
-def frames_of(pcm: np.ndarray) -> list[av.AudioFrame]:
-    frames = []
-    for n in range(len(pcm) // FRAME_SAMPLES):
-        frame = av.AudioFrame.from_ndarray(
-            pcm[n * FRAME_SAMPLES:(n + 1) * FRAME_SAMPLES].reshape(1, -1), format="s16",
-            layout="mono")
-        frame.sample_rate, frame.pts = SAMPLE_RATE, n * FRAME_SAMPLES
-        frames.append(frame)
-    return frames
 
 
 def tone(seconds: float) -> np.ndarray:

@@ -10,11 +10,19 @@ import time
 import av
 import numpy as np
 import pytest
-from aiortc.codecs.opus import OpusEncoder
+from aiortc.codecs.opus import OpusDecoder, OpusEncoder
+from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
 
-from media.outbound import FRAME_SAMPLES, MAX_LAG_FRAMES, SAMPLE_RATE, OutboundAudioTrack
-from tests.audio_fixtures import tone
+from media.opus_voice import VoiceOpusEncoder
+from media.outbound import (
+    FADE_MS,
+    FRAME_SAMPLES,
+    MAX_LAG_FRAMES,
+    SAMPLE_RATE,
+    OutboundAudioTrack,
+)
+from tests.audio_fixtures import frames_of, tone
 from tests.cpu_wait import waited_s
 
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -105,10 +113,11 @@ async def test_frames_have_the_wire_format_and_encode_with_opus() -> None:
     track.stop()
 
 
-async def test_flush_silences_the_next_frame_and_keeps_pts_running() -> None:
+async def test_flush_fades_out_in_the_next_frame_then_silence_and_keeps_pts_running() -> None:
     changes: list[bool] = []
     track = OutboundAudioTrack(on_playing_changed=changes.append)
-    await track.write(tone(440, 1.0, SAMPLE_RATE), SAMPLE_RATE)
+    sent = tone(440, 1.0, SAMPLE_RATE)
+    await track.write(sent, SAMPLE_RATE)
     before = await take(track, 5)
     assert all(np.abs(f.to_ndarray()).max() > 1000 for f in before)
     assert track.playing and changes == [True]
@@ -117,10 +126,49 @@ async def test_flush_silences_the_next_frame_and_keeps_pts_running() -> None:
     assert track.queued_ms == 0
     assert not track.playing and changes == [True, False]
     after = await take(track, 5)
-    assert all(not f.to_ndarray().any() for f in after)
+    # The frame after the cut: the tone's next FADE_MS, going to silence, then nothing more.
+    fade = SAMPLE_RATE * FADE_MS // 1000
+    faded = after[0].to_ndarray().reshape(-1)
+    following = sent[5 * FRAME_SAMPLES:5 * FRAME_SAMPLES + fade].astype(np.int32)
+    assert faded[0] == following[0] and not faded[fade:].any()
+    assert np.all(np.abs(faded[:fade].astype(np.int32)) <= np.abs(following))
+    assert np.abs(faded[fade - 10:fade]).max() < 0.01 * np.abs(following).max()
+    assert all(not f.to_ndarray().any() for f in after[1:])
     assert [f.pts for f in before + after] == [n * FRAME_SAMPLES for n in range(10)]
-    assert track.played_ms == 100
+    assert track.played_ms == 100 and changes == [True, False]  # the fade is no agent audio
     track.stop()
+
+
+def heard_after(frames: list[av.AudioFrame], cut_frame: int) -> float:
+    """Through the voice's Opus encoder and aiortc's decoder (a caller's): how long after the
+    start of frame `cut_frame` a sample is still above -50 dBFS, in ms."""
+    encoder, decoder, heard = VoiceOpusEncoder(), OpusDecoder(), []
+    for frame in frames:
+        payloads, timestamp = encoder.encode(frame)
+        for payload in payloads:
+            for decoded in decoder.decode(JitterFrame(data=payload, timestamp=timestamp)):
+                heard.append(decoded.to_ndarray().reshape(-1, 2)[:, 0])  # stereo s16
+    loud = np.nonzero(np.abs(np.concatenate(heard)[cut_frame * FRAME_SAMPLES:]) > 100)[0]
+    return float(loud[-1]) * 1000 / SAMPLE_RATE if len(loud) else 0.0
+
+
+async def test_a_cut_low_voice_falls_silent_at_the_caller_within_the_fade() -> None:
+    """A 100 Hz tone cut by flush() is below -50 dBFS at the caller's decoder once the fade's
+    frame is over (20 ms and the codec's 2.5 ms: after the 5 ms fade, only the frame's coding
+    noise, near -45 dBFS, is left); the same tone stepped to silence rings on through Opus
+    three times as long."""
+    sent = tone(100, 1.0, SAMPLE_RATE)
+    track = OutboundAudioTrack()
+    await track.write(sent, SAMPLE_RATE)
+    frames = await take(track, 15)
+    track.flush()
+    frames += await take(track, 10)
+    track.stop()
+    stepped = frames[:15] + frames_of(np.zeros(10 * FRAME_SAMPLES, np.int16), first=15)
+    faded_ms, stepped_ms = heard_after(frames, 15), heard_after(stepped, 15)
+    print(f"\n[outbound] 100 Hz cut: heard {faded_ms:.1f} ms after it faded, "
+          f"{stepped_ms:.1f} ms stepped")
+    assert faded_ms < 23.0 and stepped_ms > 3 * faded_ms
 
 
 async def test_played_ms_counts_only_agent_audio() -> None:

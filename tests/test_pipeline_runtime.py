@@ -115,6 +115,9 @@ async def test_turn_streams_text_and_audio_with_spans(pipeline: Pipeline) -> Non
     voiced = "".join(chr(int(v)) for c in chunks for v in c.pcm[::SAMPLES_PER_TOKEN])
     assert voiced == text
     assert done.usage["first_audio_s"] < done.usage["elapsed_s"]
+    waits = done.usage["longest_wait_s"]  # each stage gave several outputs
+    assert set(waits) == {"thinker", "talker", "voicebox"}, waits
+    assert all(0 < wait < done.usage["elapsed_s"] for wait in waits.values()), waits
     await until(lambda: pipeline.pool.in_use == KEPT_BLOCKS, what="every block released")
 
 
@@ -258,6 +261,10 @@ async def test_one_stalled_request_fails_its_turn_while_the_stage_serves_on(
     events = await slow
     assert isinstance(events[-1], TurnDone), events[-1]
     assert events[-1].usage["elapsed_s"] > 2 * STALL_S
+    # A word every 0.5 s: the Thinker's waits between outputs show it, and so do the stages
+    # after it, which could voice no faster than the words came.
+    waits = events[-1].usage["longest_wait_s"]
+    assert min(waits.values()) >= 0.4, waits
     after = stalling.health().stages["thinker"]
     assert after.pid == status.pid and after.restarts == status.restarts, after
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration, WhisperFeatureExtractor
+from transformers import Qwen2_5OmniForConditionalGeneration
 
 from pipeline.families.kit.build_support import read_manifest
 from pipeline.families.kit.release_build import release_dir
@@ -31,10 +31,18 @@ from pipeline.families.qwen25_omni.build import THINKER_LM, build_qwen25_omni
 from pipeline.families.qwen25_omni.release import check_release
 from pipeline.families.qwen25_omni.thinker import OmniThinker
 from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
-from pipeline.stage import StageContext, ThinkerJob, ThinkerOutput
+from pipeline.stage import StageContext, ThinkerJob
 from pipeline.tensors.shm import BlockPool
-from tests.audio_fixtures import read_wav, speech_wav
+from tests.audio_fixtures import gliding_utterance
+from tests.audio_thinker_checks import (
+    check_closing_midway,
+    check_the_caller_is_heard,
+    recited,
+    reply_outputs,
+)
+from tests.omni_processor import processor_inputs, whisper_features
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
+from tests.stage_outputs import thinker_rows
 
 pytestmark = pytest.mark.engines
 
@@ -68,42 +76,14 @@ def reference(family_models: Path) -> torch.nn.Module:
     return model.thinker.eval()
 
 
-def _utterance(seconds: float) -> np.ndarray:
-    """A 16 kHz int16 'utterance': a gliding tone with a little noise."""
-    t = np.arange(int(16_000 * seconds)) / 16_000
-    rng = np.random.default_rng(7)
-    wave = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.02 * rng.standard_normal(t.size)
-    return (wave * 32767).astype(np.int16)
-
-
-def _rows(pool: BlockPool, outputs: list[ThinkerOutput]) -> torch.Tensor:
-    """The outputs' Talker rows joined, their blocks released."""
-    pieces = []
-    for ref in (ref for out in outputs for ref in out.embeds):
-        pieces.append(pool.view(ref).copy())
-        pool.release(ref)
-    return torch.from_numpy(np.concatenate(pieces))
-
-
 def _reference_inputs(release: Path, audio: np.ndarray) -> dict[str, torch.Tensor]:
     """What Qwen2_5OmniProcessor makes of MESSAGES plus the audio (its video part needs
     torchvision, so its steps are spelled out): the chat template with an audio part, the
     <|AUDIO|> token repeated once per audio-tower row, Whisper features padded to 30 s."""
-    tokenizer = AutoTokenizer.from_pretrained(release)
-    template = json.loads((release / "chat_template.json").read_text())["chat_template"]
-    turns = [*MESSAGES, {"role": "user", "content": [{"type": "audio"}]}]
-    text = tokenizer.apply_chat_template(turns, chat_template=template,
-                                         add_generation_prompt=True, tokenize=False)
-    features = WhisperFeatureExtractor.from_pretrained(release)(
-        audio.astype(np.float32) / 32768.0, sampling_rate=16_000, padding="max_length",
-        return_attention_mask=True, return_tensors="pt")
+    features = whisper_features(release, audio, padding="max_length")
     frames = features["attention_mask"].sum(-1)
     rows = int(((frames - 1) // 2 + 1 - 2) // 2 + 1)
-    text = text.replace("<|AUDIO|>", "<|AUDIO|>" * rows)
-    input_ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
-            "input_features": features["input_features"],
-            "feature_attention_mask": features["attention_mask"]}
+    return processor_inputs(release, MESSAGES, features, "<|AUDIO|>", rows)
 
 
 def _reference_rows(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
@@ -126,18 +106,15 @@ def _reference_rows(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
 async def test_thinker_matches_transformers_tokens_and_talker_rows(
     thinker: OmniThinker, reference: torch.nn.Module, pool: BlockPool, family_models: Path
 ) -> None:
-    audio = _utterance(2.0)
+    audio = gliding_utterance(2.0)
     held_before = pool.in_use
     job = ThinkerJob("call1/turn1/thinker", MESSAGES, audio=pool.write(audio, 1.0),
                      max_tokens=STEPS)
-    outputs = [out async for out in thinker.stream(job)]
-    heard = [out for out in outputs if out.transcript is not None]
-    assert len(heard) == 1 and not heard[0].embeds, "the recogniser's words once, no rows"
-    outputs = [out for out in outputs if out.transcript is None]
+    outputs = await reply_outputs(thinker, job)
     tokens = [t for out in outputs for t in out.token_ids]
     prompt_tokens = outputs[0].prompt_tokens
     first_rows = sum(pool.view(ref).shape[0] for ref in outputs[0].embeds)
-    rows = _rows(pool, outputs)
+    rows = thinker_rows(pool, outputs)
     assert pool.in_use == held_before, "the audio block and every embeds block are released"
     assert rows.shape == (prompt_tokens + STEPS, 128)
     assert first_rows == prompt_tokens + len(outputs[0].token_ids), "the prompt part first"
@@ -160,13 +137,8 @@ async def test_recited_reply_rows_match_transformers_teacher_forced(
     thinker: OmniThinker, reference: torch.nn.Module, pool: BlockPool
 ) -> None:
     text = "Hello, thanks for calling. How can I help you today?"
-    job = ThinkerJob("call1/turn3/thinker", MESSAGES, recite=text)
-    outputs = [out async for out in thinker.stream(job)]
-    tokens = [t for out in outputs for t in out.token_ids]
-    rows = _rows(pool, outputs)
-    assert "".join(out.text for out in outputs) == text
-    assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
-    assert tokens == thinker.prompts.tokenizer.encode(text, add_special_tokens=False)
+    made = await recited(thinker, pool, ThinkerJob("call1/turn3/thinker", MESSAGES, recite=text))
+    tokens, rows = made.tokens, made.rows
 
     # The reference: the thinker's forward() over the prompt and the recited tokens at once.
     prompt_ids = thinker.prompts.token_ids(MESSAGES, None)
@@ -188,7 +160,7 @@ async def test_prompt_rows_larger_than_a_block_cross_in_pieces(
     each within a block, and the Talker's join of them (`take_tensors`) is exactly the rows
     the same recited job sends through the module's big blocks."""
     job = ThinkerJob("call1/turn5/thinker", MESSAGES, recite="Hello, how can I help you today?")
-    big = _rows(pool, [out async for out in thinker.stream(job)])
+    big = thinker_rows(pool, [out async for out in thinker.stream(job)])
     small = BlockPool.create(f"omnivox-omni-small-{os.getpid()}", block_count=64, block_size=4096)
     big_ctx, thinker.ctx = thinker.ctx, StageContext(small, thinker.ctx.settings,
                                                         thinker.ctx.models_dir)
@@ -212,45 +184,13 @@ async def test_prompt_rows_larger_than_a_block_cross_in_pieces(
 async def test_stream_closed_midway_leaves_no_request_and_no_block(
     thinker: OmniThinker, pool: BlockPool
 ) -> None:
-    held_before = pool.in_use
-    job = ThinkerJob("call1/turn4/thinker", MESSAGES, audio=pool.write(_utterance(1.0), 1.0),
-                     max_tokens=STEPS)
-    stream = thinker.stream(job)
-    for _ in range(3):
-        out = await anext(stream)
-        for ref in out.embeds:
-            pool.release(ref)
-    await stream.aclose()
-    assert thinker.active_request_ids() == []
-    assert pool.in_use == held_before, "the audio block was released once encoded"
+    await check_closing_midway(thinker, pool, "call1/turn4/thinker", MESSAGES, STEPS)
 
 
 async def test_the_caller_is_heard_in_words_beside_the_reply(
     thinker: OmniThinker, pool: BlockPool, tmp_path: Path
 ) -> None:
-    """Whisper tiny.en hears the utterance the thinker answers: its words come once, before
-    the reply's last output, scored for the end of the turn by the thinker's LM when asked; a
-    `transcribe` job is the words alone (no engine request)."""
-    speech, _ = read_wav(speech_wav("What is the capital of France?", tmp_path / "q.wav",
-                                    rate=16_000, pad_before_s=0.3, pad_after_s=0.3))
-    job = ThinkerJob("call2/turn1/thinker", MESSAGES, audio=pool.write(speech, 1.0),
-                     max_tokens=8, embeds=False, score_end_of_turn=True)
-    outputs = [out async for out in thinker.stream(job)]
-    (heard,) = [i for i, out in enumerate(outputs) if out.transcript is not None]
-    words = outputs[heard].transcript.lower()
-    assert "capital" in words and "france" in words, words
-    assert outputs[heard].end_of_turn is not None and 0.0 <= outputs[heard].end_of_turn <= 1.0
-    assert heard < len(outputs) - 1 and outputs[-1].finished
-    assert sum(len(out.token_ids) for out in outputs) == 8, "the reply is the thinker's"
-    print_figure(BENCH, "end of turn after a finished question", outputs[heard].end_of_turn, "")
-
-    job = ThinkerJob("call2/turn2/thinker", MESSAGES, audio=pool.write(speech, 1.0),
-                     transcribe=True)
-    only = [out async for out in thinker.stream(job)]
-    assert [out.transcript for out in only] == [outputs[heard].transcript, None]
-    assert only[-1].finished and only[-1].finish_reason == "stop"
-    assert not any(out.token_ids for out in only) and thinker.active_request_ids() == []
-    assert pool.in_use == 0, "both audio blocks released"
+    await check_the_caller_is_heard(thinker, pool, tmp_path, MESSAGES, BENCH)
 
 
 async def test_reply_steps_batched_across_requests_match_the_whole_forward(
@@ -285,7 +225,7 @@ async def test_reply_steps_batched_across_requests_match_the_whole_forward(
 async def test_utterances_ending_together_are_encoded_in_one_pass(thinker: OmniThinker) -> None:
     """Three callers' utterances (1 to 8 s) queued together go through the audio tower as one
     batch, each utterance's rows those it gets alone."""
-    utterances = [_utterance(seconds) for seconds in (1.0, 2.5, 8.0)]
+    utterances = [gliding_utterance(seconds) for seconds in (1.0, 2.5, 8.0)]
     runs = len(thinker.encodings.sizes)
     batched = await asyncio.gather(*(thinker.encodings.run(u) for u in utterances))
     assert list(thinker.encodings.sizes)[runs:] == [3]

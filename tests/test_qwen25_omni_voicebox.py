@@ -33,6 +33,7 @@ from pipeline.families.qwen25_omni.voicebox import (
 from pipeline.stage import VoiceBoxJob
 from pipeline.tensors.shm import BlockPool
 from tests.stage_fixtures import pool_fixture, stage_fixture
+from tests.stage_outputs import voiced_pcm
 
 TURN = 52  # tokens: groups of 4, 16, 16, 16 as the cascade hands them on
 GROUPS = [(0, 4), (4, 20), (20, 36), (36, 52)]
@@ -136,12 +137,8 @@ no_lookahead = stage_fixture(OmniVoiceBox, {"batch_window_s": 0.05, "lookahead_t
 
 
 async def render_job(stage: OmniVoiceBox, pool: BlockPool, job: VoiceBoxJob) -> np.ndarray:
-    outputs = [out async for out in stage.stream(job)]
-    assert len(outputs) == 1 and outputs[0].pcm is not None
-    assert outputs[0].sample_rate == 24000
-    pcm = pool.view(outputs[0].pcm).copy()
-    pool.release(outputs[0].pcm)
-    return pcm
+    """The job's PCM (one output, 24 kHz)."""
+    return await voiced_pcm(stage, pool, job, 24000)
 
 
 async def streamed_turn(stage: OmniVoiceBox, pool: BlockPool, turn: str, codes: list[int]

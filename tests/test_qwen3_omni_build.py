@@ -4,8 +4,11 @@ The release must load in transformers' reference class with every tensor in plac
 random weights must leave nothing at transformers' constant initialisation (zero biases, unit
 norms: a parity test over those cannot see a port that drops one), a second build must find
 the first one current (`build_support.build_once`), and config.json must carry the published
-release's names. Beside the release the family holds the thinker's LM (thinker_lm/, checked
-against the reference in test_qwen3_omni_thinker.py).
+release's names. The talker's routed experts, which transformers' constructor leaves
+uninitialised, are drawn from the seed: the same seed writes the same release, byte for byte.
+Beside the release the family holds the thinker's and the talker's LMs (thinker_lm/ and
+talker_lm/, checked against the reference in test_qwen3_omni_thinker.py and
+test_qwen3_omni_talker_lm.py).
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from pipeline.families import load_family
 from pipeline.families.kit.build_support import read_manifest
+from pipeline.families.kit.hf_release import TOKENIZER_FILES
 from pipeline.families.kit.release_build import release_dir
 from pipeline.families.qwen3_omni.build import (
     FAMILY,
     RECIPE,
     SEED,
+    TALKER_LM,
     THINKER_LM,
     build_qwen3_omni,
 )
@@ -33,6 +38,7 @@ from pipeline.families.qwen3_omni.release import (
     PERTURB_STD,
     check_release,
     constant_parameters,
+    write_tiny_release,
 )
 from pipeline.families.qwen3_omni.tiny_config import (
     ARCHITECTURE,
@@ -128,7 +134,8 @@ def test_the_release_is_laid_out_as_published(release: Path) -> None:
                for name in names if name not in _part(config, path)]
     assert missing == []
     assert sorted(p.name for p in release.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors"]
+        "chat_template.json", "config.json", "generation_config.json", "model.safetensors",
+        "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"]
     # experts one by one, as the published checkpoint names them (transformers fuses them on
     # loading, and writes them back apart); what vLLM's loaders read
     with safe_open(release / "model.safetensors", "pt") as weights:
@@ -181,13 +188,59 @@ def test_no_parameter_is_left_at_its_constant_initialisation(
     assert float(reference.code2wav.upsample[0][1].gamma.detach().abs().max()) > 1e-2  # not 1e-6
 
 
-def test_the_family_holds_the_release_and_the_thinker_lm(models: Path) -> None:
+def test_every_routed_expert_is_drawn_at_the_initializer_range(
+        reference: Qwen3OmniMoeForConditionalGeneration) -> None:
+    """The thinker's experts as transformers draws them, the talker's (which its constructor
+    leaves as torch.empty made them) the same way: no zeros or denormals in the routed
+    branch."""
+    std = reference.config.talker_config.text_config.initializer_range
+    experts = {name: p.detach() for name, p in reference.named_parameters()
+               if ".mlp.experts." in name}
+    assert {name.split(".")[0] for name in experts} == {"thinker", "talker"}
+    spreads = {name: float(p.std()) for name, p in experts.items()}
+    assert all(0.9 * std < spread < 1.1 * std for spread in spreads.values()), spreads
+    assert all(bool((p != 0).all()) for p in experts.values())
+
+
+def test_the_same_seed_writes_the_same_release(release: Path, tmp_path: Path) -> None:
+    write_tiny_release(tmp_path, SEED)
+    assert (tmp_path / "model.safetensors").read_bytes() == (
+        release / "model.safetensors").read_bytes()
+
+
+def test_the_family_holds_the_release_and_both_lms(models: Path) -> None:
     family = models / FAMILY
-    assert sorted(p.name for p in family.iterdir()) == ["manifest.json", "release", THINKER_LM]
-    assert sorted(p.name for p in (family / THINKER_LM).iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in family.iterdir()) == [
+        "manifest.json", "release", TALKER_LM, THINKER_LM]
+    weights = {"config.json", "generation_config.json", "model.safetensors"}
+    tokenizer = {p.name for p in release_dir(family).iterdir()} & set(TOKENIZER_FILES)
+    # the thinker's text tokens come with the release's tokenizer; the talker's are codec ids
+    assert {p.name for p in (family / THINKER_LM).iterdir()} == weights | tokenizer
+    assert {p.name for p in (family / TALKER_LM).iterdir()} == weights
+    for lm in (THINKER_LM, TALKER_LM):
+        assert json.loads((family / lm / "config.json").read_text())["architectures"] == [
+            "Qwen3MoeForCausalLM"]
     listed = read_manifest(family)["files"]
-    assert f"{THINKER_LM}/model.safetensors" in listed and "release/config.json" in listed
+    assert {f"{THINKER_LM}/model.safetensors", f"{TALKER_LM}/model.safetensors",
+            "release/config.json"} <= set(listed)
+
+
+def test_the_talker_lm_holds_the_talkers_text_model_and_codec_head(models: Path) -> None:
+    """Every tensor of the talker's text model and its codec head, under the causal LM's
+    names, and nothing of the code predictor, the projections or the thinker."""
+    family = models / FAMILY
+    with safe_open(release_dir(family) / "model.safetensors", "pt") as source:
+        talker = {k for k in source.keys()  # noqa: SIM118 (safe_open is no mapping)
+                  if k.startswith("talker.model.") or k == "talker.codec_head.weight"}
+    with safe_open(family / TALKER_LM / "model.safetensors", "pt") as written:
+        names = set(written.keys())
+    assert len(names) == len(talker)
+    assert {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+            "model.layers.1.mlp.shared_expert_gate.weight",
+            "model.layers.1.mlp.experts.3.down_proj.weight"} <= names
+    assert not any(n.startswith("model.codec_embedding") for n in names)
+    config = json.loads((family / TALKER_LM / "config.json").read_text())
+    assert config["shared_expert_intermediate_size"] > 0
 
 
 def test_a_second_build_is_a_no_op_and_the_seed_is_honoured(models: Path) -> None:
@@ -205,9 +258,9 @@ def test_a_second_build_is_a_no_op_and_the_seed_is_honoured(models: Path) -> Non
     assert (release_dir(rebuilt) / "model.safetensors").read_bytes() != weights.read_bytes()
 
 
-def test_the_family_is_not_registered_before_its_stages(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match="must expose STAGES"):
-        load_family(FAMILY)
+def test_the_family_is_registered_with_its_stages_and_refuses_other_releases(
+        tmp_path: Path) -> None:
+    assert sorted(load_family(FAMILY).STAGES) == ["talker", "thinker", "voicebox"]
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
     with pytest.raises(ValueError, match="not a Qwen3-Omni release"):
         check_release(tmp_path)

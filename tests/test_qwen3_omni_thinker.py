@@ -15,7 +15,7 @@ embeddings, its audio tower's rows in place of the audio tokens.
   top-k renormalisation off) fails that comparison by orders of magnitude, so it cannot pass
   vacuously; and every config field the Qwen3-MoE classes read carries the thinker's value.
 - vLLM: one engine serves the converted LM over prompt embeddings (`enable_prompt_embeds`, no
-  tokenizer: the tiny release has none) and its greedy tokens for STEPS steps equal the
+  tokenizer: ids are all it compares) and its greedy tokens for STEPS steps equal the
   reference thinker's `generate()`. That runs vLLM's CPU fused-MoE kernel and its 1-D RoPE.
   (The reference's top-two logit gap is at least 4e-3 over those steps, thousands of times the
   float32 differences between kernels: equal tokens are a stable result, not a lucky one.)
@@ -24,7 +24,6 @@ embeddings, its audio tower's rows in place of the audio tokens.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 from transformers import (
     Qwen3MoeForCausalLM,
     Qwen3OmniMoeConfig,
@@ -42,12 +40,19 @@ from transformers import (
 )
 from transformers import Qwen3OmniMoeThinkerForConditionalGeneration as Thinker
 
-from pipeline.engines.vllm import EngineSettings, Sampling, VllmEngine
-from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS
+from pipeline.engines.vllm import VllmEngine
 from pipeline.families.kit.release_build import release_dir
 from pipeline.families.qwen3_omni.build import THINKER_LM, build_qwen3_omni
 from pipeline.families.qwen3_omni.thinker_lm import lm_config, text_config, write_thinker_lm
 from pipeline.families.qwen3_omni.tiny_config import TokenIds
+from tests.audio_fixtures import gliding_wave
+from tests.lm_checks import (
+    assert_weightless_copy,
+    embeds_engine,
+    greedy_tokens,
+    reset_q_norm,
+    swap_two_experts,
+)
 from tests.stage_fixtures import print_figure
 
 BENCH = "qwen3-omni-thinker"
@@ -99,20 +104,14 @@ def prompt(family: Path, thinker: Thinker) -> Prompt:
     return _prompt(family, thinker)
 
 
-def _waveform(seconds: float) -> np.ndarray:
-    """A float 16 kHz 'utterance': a gliding tone with a little noise."""
-    t = np.arange(int(SAMPLE_RATE * seconds)) / SAMPLE_RATE
-    noise = np.random.default_rng(7).standard_normal(t.size)
-    return (0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.02 * noise).astype(np.float32)
-
-
 @torch.inference_mode()
 def _prompt(family: Path, thinker: Thinker) -> Prompt:
     """System text, then a user turn of audio, then the assistant's turn opened (the published
     chat layout, with random text ids), and its embeddings."""
     extractor = WhisperFeatureExtractor(feature_size=_mel_bins(family))
-    audio = extractor(_waveform(AUDIO_SECONDS), sampling_rate=SAMPLE_RATE, padding=True,
-                      truncation=False, return_attention_mask=True, return_tensors="pt")
+    waveform = gliding_wave(AUDIO_SECONDS).astype(np.float32)
+    audio = extractor(waveform, sampling_rate=SAMPLE_RATE, padding=True, truncation=False,
+                      return_attention_mask=True, return_tensors="pt")
     features, mask = audio["input_features"], audio["attention_mask"]
     rows = thinker.get_audio_features(features, mask).last_hidden_state
     ids, rng = TokenIds(), np.random.default_rng(3)
@@ -197,22 +196,12 @@ def test_the_lm_gives_the_thinkers_logits_over_the_same_embeddings(
     assert diff <= LOGITS_ATOL
 
 
-def _reset_q_norm(lm: Qwen3MoeForCausalLM) -> None:
-    lm.model.layers[0].self_attn.q_norm.weight.fill_(1.0)
-
-
-def _swap_two_experts(lm: Qwen3MoeForCausalLM) -> None:
-    experts = lm.model.layers[1].mlp.experts
-    for weights in (experts.gate_up_proj, experts.down_proj):
-        weights.copy_(weights[[1, 0, 2, 3]])
-
-
 def _renormalisation_off(lm: Qwen3MoeForCausalLM) -> None:
     for layer in lm.model.layers:
         layer.mlp.gate.norm_topk_prob = False
 
 
-@pytest.mark.parametrize("breakage", [_reset_q_norm, _swap_two_experts, _renormalisation_off],
+@pytest.mark.parametrize("breakage", [reset_q_norm, swap_two_experts, _renormalisation_off],
                          ids=["q_norm reset", "two experts swapped", "top-k renormalisation off"])
 def test_the_logit_comparison_sees_a_dropped_piece(
         family: Path, thinker: Thinker, prompt: Prompt,
@@ -230,29 +219,14 @@ def test_a_weightless_release_gives_a_weightless_lm_of_the_same_tensors(
     """Renamed from the headers: the same names, shapes and dtypes, the data a hole (a
     weightless release is renamed the same way: only headers are read)."""
     write_thinker_lm(release_dir(family), tmp_path, dummy_weights=True)
-    real, dummy = family / THINKER_LM / "model.safetensors", tmp_path / "model.safetensors"
-    with safe_open(real, "pt") as a, safe_open(dummy, "pt") as b:
-        assert sorted(a.keys()) == sorted(b.keys())
-        for name in a.keys():  # noqa: SIM118 (safe_open is no mapping)
-            assert a.get_slice(name).get_shape() == b.get_slice(name).get_shape()
-            assert a.get_slice(name).get_dtype() == b.get_slice(name).get_dtype()
-        assert not b.get_tensor("model.norm.weight").any()
-    assert dummy.stat().st_blocks * 512 < dummy.stat().st_size // 4, "a sparse file"
-    assert {p.name for p in tmp_path.iterdir()} == {
-        p.name for p in (family / THINKER_LM).iterdir()}
+    assert_weightless_copy(family / THINKER_LM, tmp_path)
 
 
 @pytest.fixture(scope="module")
 async def engine(family: Path) -> AsyncIterator[VllmEngine]:
     """The converted LM on one CPU engine, fed prompt embeddings, no tokenizer."""
-    settings = EngineSettings.from_mapping({
-        **ENGINE_DEFAULTS, "model": str(family / THINKER_LM), "skip_tokenizer_init": True,
-        "max_model_len": 256, "max_num_seqs": 4})
-    began = time.perf_counter()
-    started = await VllmEngine.start(settings)
-    print_figure(BENCH, "engine start", time.perf_counter() - began, "s")
-    yield started
-    await started.stop()
+    async with embeds_engine(family / THINKER_LM, BENCH) as started:
+        yield started
 
 
 @pytest.mark.engines
@@ -265,11 +239,6 @@ async def test_vllm_greedy_tokens_equal_the_thinkers(
     assert len(expected) == STEPS
     print_figure(BENCH, "distinct tokens in the reference reply", len(set(expected)), "")
     assert len(set(expected)) > STEPS // 4, "a reply that varies, not one id repeated"
-    sampling = Sampling(max_tokens=STEPS, ignore_eos=True, detokenize=False)
-    tokens: list[int] = []
-    began = time.perf_counter()
-    async for delta in engine.generate("thinker-parity", prompt.embeds, sampling):
-        tokens += delta.token_ids
-    print_figure(BENCH, f"vLLM {STEPS} greedy tokens", time.perf_counter() - began, "s")
+    tokens = await greedy_tokens(engine, "thinker-parity", prompt.embeds, STEPS, BENCH)
     print_figure(BENCH, "prompt rows (audio rows among them)", prompt.embeds.shape[0], "")
     assert tokens == expected, "greedy text tokens identical for all steps"

@@ -1,9 +1,9 @@
-"""The profiles that serve real weights (`omni`, `orpheus`) read a checkpoint directory given
-by --model-path, and `omnivox serve` refuses in one line (exit 2), before starting anything,
-when it is not given, absent, of the wrong architecture or incomplete; the profiles that build
-their own weights refuse one; the orpheus checkpoint's thinker/ must be a Qwen2.5-Omni release
-or a vLLM chat model directory. (Served end to end from a checkpoint directory:
-test_architecture_calls.py.)"""
+"""The profiles that serve real weights (`omni`, `orpheus`, `qwen3-omni`) read a checkpoint
+directory given by --model-path, and `omnivox serve` refuses in one line (exit 2), before
+starting anything, when it is not given, absent, of the wrong architecture or incomplete; the
+profiles that build their own weights refuse one; the orpheus checkpoint's thinker/ must be a
+Qwen2.5-Omni release or a vLLM chat model directory. (Served end to end from a checkpoint
+directory: test_architecture_calls.py.)"""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def orpheus_layout(root: Path, vocab: int = 156940, rate: int = 24000) -> Path:
 @pytest.mark.parametrize(("profile", "expected"), [
     ("omni", "profile 'omni' serves real weights: give their directory with --model-path"),
     ("orpheus", "profile 'orpheus' serves real weights"),
+    ("qwen3-omni", "profile 'qwen3-omni' serves real weights"),
 ])
 def test_a_real_profile_needs_a_model_path(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                            profile: str, expected: str) -> None:
@@ -51,7 +52,8 @@ def test_a_profile_that_builds_its_weights_refuses_a_model_path(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     err = serve(capsys, tmp_path, "--profile", "tiny", "--model-path", str(tmp_path))
-    assert "profile 'tiny' builds its own weights" in err and "(omni, orpheus)" in err
+    assert "profile 'tiny' builds its own weights" in err
+    assert "(omni, orpheus, qwen3-omni, qwen3-omni-80gb)" in err
 
 
 def test_omni_refuses_a_directory_that_is_not_a_whole_release(
@@ -68,6 +70,23 @@ def test_omni_refuses_a_directory_that_is_not_a_whole_release(
                         architectures=["Qwen2_5OmniForConditionalGeneration"])
     err = serve(capsys, tmp_path, "--profile", "omni", "--model-path", str(omni))
     assert "lacks model.safetensors, vocab.json, tokenizer_config.json" in err
+
+
+def test_qwen3_omni_refuses_a_directory_that_is_not_a_whole_release(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    absent = tmp_path / "nowhere"
+    assert f"no Qwen3-Omni release at {absent}" in serve(
+        capsys, tmp_path, "--profile", "qwen3-omni", "--model-path", str(absent))
+    older = write_config(tmp_path / "omni", model_type="qwen2_5_omni",
+                         architectures=["Qwen2_5OmniForConditionalGeneration"])
+    assert "model_type 'qwen2_5_omni'" in serve(capsys, tmp_path, "--profile", "qwen3-omni",
+                                                "--model-path", str(older))
+    bare = write_config(tmp_path / "qwen3", model_type="qwen3_omni_moe",
+                        architectures=["Qwen3OmniMoeForConditionalGeneration"])
+    err = serve(capsys, tmp_path, "--profile", "qwen3-omni", "--model-path", str(bare))
+    assert "lacks model.safetensors, vocab.json, tokenizer_config.json, preprocessor_config.json" \
+        in err, err
 
 
 def test_orpheus_refuses_a_directory_without_its_parts(

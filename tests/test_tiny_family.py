@@ -30,6 +30,7 @@ from pipeline.stage import (
     VoiceBoxOutput,
 )
 from pipeline.tensors.shm import BlockPool
+from tests.audio_fixtures import gliding_utterance
 from tests.stage_fixtures import pool_fixture, print_figure, stage_fixture
 
 pytestmark = pytest.mark.engines
@@ -65,14 +66,6 @@ talker = stage_fixture(TinyTalker, {"engine": {"cpu_cores": "1"}}, BENCH)
 voicebox = stage_fixture(TinyVoiceBox, {}, BENCH)
 
 
-def _utterance(seconds: float) -> np.ndarray:
-    """A 16 kHz int16 'utterance': a gliding tone with a little noise."""
-    t = np.arange(int(16_000 * seconds)) / 16_000
-    rng = np.random.default_rng(7)
-    wave = 0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t) + 0.02 * rng.standard_normal(t.size)
-    return (wave * 32767).astype(np.int16)
-
-
 def test_build_is_deterministic_and_idempotent(family_models: Path, tmp_path: Path) -> None:
     family = family_models / "tiny"
     manifest = family / "manifest.json"
@@ -95,7 +88,7 @@ def test_build_is_deterministic_and_idempotent(family_models: Path, tmp_path: Pa
 async def test_thinker_streams_max_tokens_with_embeddings(
     thinker: TinyThinker, pool: BlockPool
 ) -> None:
-    audio = _utterance(1.5)
+    audio = gliding_utterance(1.5)
     held_before = pool.in_use
     job = ThinkerJob("call1/turn1/thinker", MESSAGES, audio=pool.write(audio, 1.0),
                      max_tokens=48)

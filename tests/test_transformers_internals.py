@@ -19,12 +19,14 @@ from transformers import Qwen2_5OmniConfig, Qwen2_5OmniToken2WavDiTModel, Qwen3O
 from pipeline.families.kit import transformers_internals
 from pipeline.families.kit.transformers_internals import (
     TransformersInternalsError,
+    attention_implementation,
     audio_encoder_class,
     block_diff_replaced,
     code2wav_parts,
     feature_lengths,
     model_from_config,
     ode_solver_class,
+    qwen3_audio_encoder_class,
 )
 from pipeline.families.qwen3_omni.tiny_config import tiny_config as qwen3_omni_config
 from pipeline.families.qwen25_omni import tiny_tokenizer
@@ -51,6 +53,20 @@ def test_the_audio_encoder_is_built_from_its_sub_config_in_a_dtype() -> None:
         assert isinstance(encoder, encoder_class)
         assert {parameter.dtype for parameter in encoder.parameters()} == {dtype}, (
             f"_from_config no longer builds in the dtype given, which {ADAPTER} relies on")
+
+
+def test_qwen3_omnis_audio_encoder_is_built_from_its_sub_config_in_a_dtype() -> None:
+    encoder_class = qwen3_audio_encoder_class()
+    assert encoder_class.__name__ == "Qwen3OmniMoeAudioEncoder"
+    thinker: Any = qwen3_omni_config().thinker_config
+    encoder = model_from_config(encoder_class, thinker.audio_config, dtype=torch.bfloat16)
+    assert isinstance(encoder, encoder_class)
+    assert {parameter.dtype for parameter in encoder.parameters()} == {torch.bfloat16}
+    frames = torch.tensor([130])  # one whole window of 100 mel frames, and 30 more
+    encoded = encoder(torch.zeros(thinker.audio_config.num_mel_bins, 130,
+                                  dtype=torch.bfloat16), feature_lens=frames)
+    assert encoded.last_hidden_state.shape == (13 + 4, thinker.audio_config.output_dim), (
+        "13 rows a whole window, then the rest's frames halved three times")
 
 
 def test_feature_lengths_are_the_frames_after_convolution_and_pooling() -> None:
@@ -145,6 +161,16 @@ def test_a_moved_private_fails_loudly_naming_it() -> None:
         pass
     with pytest.raises(TransformersInternalsError, match=r"Linear\._from_config"):
         model_from_config(torch.nn.Linear, SimpleNamespace())
+    with pytest.raises(TransformersInternalsError,
+                       match=r"SimpleNamespace\._attn_implementation"):
+        attention_implementation(SimpleNamespace())
+
+
+def test_a_built_models_attention_kernel_is_read_from_its_configuration() -> None:
+    config = qwen3_omni_config().code2wav_config
+    for kernel in ("eager", "sdpa"):
+        built = Qwen3OmniMoeCode2Wav._from_config(config, attn_implementation=kernel)
+        assert attention_implementation(built.config) == kernel
 
 
 def test_another_release_is_noted_once(monkeypatch: pytest.MonkeyPatch,

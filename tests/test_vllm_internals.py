@@ -183,3 +183,25 @@ def test_seeded_generators_are_still_rewound_by_the_cpu_runner() -> None:
     source = inspect.getsource(GPUModelRunner._bookkeeping_sync)
     assert "gen.set_offset(gen.get_offset() - 4)" in source, (
         "GPUModelRunner._bookkeeping_sync no longer rewinds a seeded request's generator")
+
+
+def test_an_aborted_pooling_request_still_ends_with_empty_data() -> None:
+    """`pooling_aborted` reads an abort from the empty tensor vLLM puts in a pooling request's
+    final output when it aborts it (pooling outputs carry no finish reason)."""
+    import torch
+    from vllm.outputs import PoolingOutput, PoolingRequestOutput
+    from vllm.v1.engine import output_processor
+
+    source = inspect.getsource(output_processor.OutputProcessor.abort_requests)
+    assert "pooling_output=EMPTY_CPU_TENSOR" in source, (
+        "OutputProcessor.abort_requests no longer ends an aborted pooling request with "
+        f"EMPTY_CPU_TENSOR, which {ADAPTER} reads as the abort")
+    assert output_processor.EMPTY_CPU_TENSOR.numel() == 0
+    assert "finish_reason" not in inspect.signature(PoolingRequestOutput.__init__).parameters, (
+        "PoolingRequestOutput now has a finish reason: read the abort from it instead")
+
+    def final(data: torch.Tensor) -> PoolingRequestOutput:
+        return PoolingRequestOutput("r", PoolingOutput(data=data), [], 0, finished=True)
+
+    assert vllm_internals.pooling_aborted(final(output_processor.EMPTY_CPU_TENSOR))
+    assert not vllm_internals.pooling_aborted(final(torch.zeros(4)))

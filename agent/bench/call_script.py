@@ -42,6 +42,7 @@ class TurnRecord:
     ttfa_ms: float | None = None
     barge_in_stop_ms: float | None = None
     barge_in_heard_ms: float | None = None  # our onset -> the server's speech_started arrived
+    barge_in_cut_ms: float | None = None  # our onset -> the server's cut (`cleared`) arrived
     gaps_ms: float | None = None  # longest silence inside the reply
     gaps: int = 0  # silences of GAP_MS or more inside the reply
     late_ms: float | None = None  # longest late arrival against the stream's pace
@@ -124,6 +125,7 @@ async def barge_in(caller: BenchCaller, plan: Plan, record: TurnRecord, response
         await asyncio.sleep(max(0.0, cut_at + IN_FLIGHT_S - time.monotonic()))
         last = caller.last_loud_between(onset - 0.02, cut_at + IN_FLIGHT_S)
         record.barge_in_stop_ms = (max(onset, last or onset) - onset) * 1e3
+        record.barge_in_cut_ms = (cut_at - onset) * 1e3
         heard = caller.latest.get("input_audio_buffer.speech_started")
         if heard is not None and heard[0] > onset:
             record.barge_in_heard_ms = (heard[0] - onset) * 1e3

@@ -58,6 +58,17 @@ def stamps_summary(ok: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def longest_gap(ok: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The turn with the longest silence inside its reply, with the server's stamps of it (its
+    underruns say whether the server's queue ran dry then, or the gap came after it)."""
+    gapped = [t for t in ok if t["gaps_ms"]]
+    if not gapped:
+        return None
+    turn = max(gapped, key=lambda t: t["gaps_ms"])
+    keys = ("call", "turn", "gaps_ms", "gaps", "late_ms", "ttfa_ms", "barge_in", "stamps")
+    return {key: turn.get(key) for key in keys}
+
+
 def summarise(run: LevelRun) -> dict[str, Any]:
     """One level's figures (the JSON's `levels` entries)."""
     ok = [t for t in run.turns if t["ok"]]
@@ -69,6 +80,8 @@ def summarise(run: LevelRun) -> dict[str, Any]:
     barge = [t["barge_in_stop_ms"] for t in ok if t["barge_in_stop_ms"] is not None]
     heard = [(t["barge_in_stop_ms"], t["barge_in_heard_ms"]) for t in ok
              if t["barge_in_stop_ms"] is not None and t["barge_in_heard_ms"] is not None]
+    cut = [(t["barge_in_stop_ms"], t["barge_in_cut_ms"]) for t in ok
+           if t["barge_in_stop_ms"] is not None and t.get("barge_in_cut_ms") is not None]
     last_done = max((t["ended_at"] for t in ok), default=run.started_at)
     busy_s = max(1e-9, last_done - run.started_at)
     lags = [w["loop_lag_p99_ms"] for w in run.workers if w.get("loop_lag_p99_ms") is not None]
@@ -96,9 +109,15 @@ def summarise(run: LevelRun) -> dict[str, Any]:
         # long after our onset; the stop time counted from there instead.
         "barge_in_heard_ms": percentiles([h for _, h in heard]),
         "barge_in_stop_after_heard_ms": percentiles([s - h for s, h in heard]),
+        # Where the stop went: our onset -> the server's cut (`output_audio_buffer.cleared`)
+        # arrived (its barge_in_min_ms of speech, the way in, its decision), then the reply
+        # still heard after the cut (audio already sent, the decoder's tail).
+        "barge_in_cut_ms": percentiles([c for _, c in cut]),
+        "barge_in_after_cut_ms": percentiles([s - c for s, c in cut]),
         "barge_ins_planned": sum(1 for t in run.turns if t["barge_in"]),
         "gaps_ms_max": max((t["gaps_ms"] for t in ok if t["gaps_ms"] is not None), default=None),
         "gaps": sum(t["gaps"] for t in ok),
+        "longest_gap": longest_gap(ok),
         "late_ms_max": max((t["late_ms"] for t in ok if t["late_ms"] is not None),
                            default=None),
         "turns_per_s": len(ok) / busy_s,
@@ -209,9 +228,14 @@ def verdicts(levels: list[dict[str, Any]], profile: str | None) -> list[str]:
         limit = TARGETS["barge_in_stop_p95_ms"]
         after = [level["barge_in_stop_after_heard_ms"]["p95"] for level in levels
                  if level["barge_in_stop_after_heard_ms"]["p95"] is not None]
+        worst = max((lv for lv in levels if lv["barge_in_stop_ms"]["p95"] is not None),
+                    key=lambda lv: lv["barge_in_stop_ms"]["p95"])
         out.append(f"barge-in stop p95 < {limit:.0f} ms: worst level {max(barge):.0f} ms from "
                    f"the caller's onset ({fmt(max(after, default=None))} ms after the server's "
-                   f"speech_started arrived): {'met' if max(barge) < limit else 'MISSED'}")
+                   f"speech_started arrived; at that level the cut arrived "
+                   f"{fmt(worst['barge_in_cut_ms']['p95'])} ms after the onset, p95, the reply "
+                   f"was heard {fmt(worst['barge_in_after_cut_ms']['p95'])} ms after the cut): "
+                   f"{'met' if max(barge) < limit else 'MISSED'}")
     held = int(TARGETS["calls_held"])
     if (level := next((lv for lv in levels if lv["concurrency"] == held), None)) is not None:
         met = level["calls_connected"] == held and not level["calls_dropped"]

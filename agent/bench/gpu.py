@@ -1,10 +1,13 @@
 """`omnivox bench gpu`: the real-architecture families at their real sizes, no weights, on a GPU.
 
-For each family (`gpu_families`): build it, start its pipeline, run 1, 16 and 64 concurrent
-turns (`pipeline_turns.run_turn`; a short caller utterance with each turn: both families'
-Thinkers are Qwen2.5-Omni's, which hears it), take first audio p50/p95, turns/s and each
-stage's GPU memory (`gpu_memory`), stop it; then run tests/test_cuda_ipc_transport.py and
-tests/test_cuda_ipc_gpu.py. Figures are printed and written as JSON, none asserted.
+For each family (`gpu_families`: qwen25_omni, orpheus, qwen3_omni): build it, start its
+pipeline, run each level of concurrent turns (`pipeline_turns.run_turn`; a short caller
+utterance with each turn: every family's Thinker hears it), take first audio p50/p95, turns/s
+and each stage's GPU memory (`gpu_memory`), stop it; then run tests/test_cuda_ipc_transport.py
+and tests/test_cuda_ipc_gpu.py. Figures are printed and written as JSON, none asserted. The
+levels: 1, 16 and 64 by default, any list (`--levels 1,8`), or a named set (`LEVEL_SETS`):
+`--levels vllm-omni` runs 1, 4, 10 and 64, the concurrencies issue 32 names as vLLM-Omni's
+published Qwen3-Omni runs, so the two can be set side by side.
 Without CUDA it refuses in one line (exit 2); `--size tiny` runs the same harness on the CPU
 with the tiny checkpoints, and `--dry-run` builds the directories and prints each stage's
 parameters and weight memory without starting anything.
@@ -12,6 +15,7 @@ parameters and weight memory without starting anything.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import statistics
@@ -30,6 +34,7 @@ from pipeline import environment
 NO_CUDA = ("omnivox bench gpu: no CUDA device here (torch.cuda.is_available() is False); "
            "--size tiny runs the same check on the CPU, --dry-run only builds and sizes")
 LEVELS = {"real": [1, 16, 64], "tiny": [1, 2]}
+LEVEL_SETS = {"vllm-omni": [1, 4, 10, 64]}  # named sets of levels `--levels` takes
 REPLY_TOKENS = {"real": 24, "tiny": 8}
 LEVEL_TIMEOUT_S = {"real": 60.0, "tiny": 300.0}  # a level past it is cut, and says so
 CALLER_AUDIO_S = 1.0
@@ -44,15 +49,16 @@ GIB_F = float(2**30)
 def add_parser(bench_cmd: Any) -> None:
     """`omnivox bench gpu`'s flags."""
     gpu = bench_cmd.add_parser(
-        "gpu", help="real-size qwen25_omni and orpheus, dummy weights, on a GPU: first audio, "
-        "turns/s, memory per stage, CUDA IPC test")
+        "gpu", help="real-size qwen25_omni, orpheus and qwen3_omni, dummy weights, on a GPU: "
+        "first audio, turns/s, memory per stage, CUDA IPC test")
     gpu.add_argument("--size", choices=["real", "tiny"], default="real",
                      help="real: the release sizes, no weights (GPU); tiny: the CPU rehearsal")
     gpu.add_argument("--dry-run", action="store_true",
                      help="build the directories, print parameters and weight memory, stop")
     gpu.add_argument("--families", default=",".join(FAMILIES), help="comma-separated")
-    gpu.add_argument("--levels", default=None,
-                     help="concurrent turns, comma-separated (default: 1,16,64; tiny: 1,2)")
+    gpu.add_argument("--levels", type=level_list, default=None,
+                     help="concurrent turns, comma-separated (default: 1,16,64; tiny: 1,2), "
+                     "or a named set: vllm-omni (1,4,10,64: vLLM-Omni's Qwen3-Omni runs)")
     gpu.add_argument("--root", type=Path, default=None,
                      help="where the families are built (default: <models_dir>/gpu-check-SIZE)")
     gpu.add_argument("--json", dest="json_path", default="gpu-check.json",
@@ -69,8 +75,7 @@ def command(args: Any, settings: Any) -> int:
         return 2
     environment.set_default("VLLM_LOGGING_LEVEL")  # the figures, not engine chatter
     root = args.root or Path(settings.models_dir) / f"gpu-check-{args.size}"
-    levels = ([int(n) for n in args.levels.split(",")] if args.levels
-              else LEVELS[args.size])
+    levels = args.levels or LEVELS[args.size]
     families = [name.strip() for name in args.families.split(",") if name.strip()]
     result = run_check(families, args.size, root, cuda and args.size == "real",
                        levels, args.dry_run)
@@ -78,6 +83,21 @@ def command(args: Any, settings: Any) -> int:
     Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
     print(f"written: {args.json_path}")
     return 0
+
+
+def level_list(text: str) -> list[int]:
+    """`--levels`: comma-separated counts of concurrent turns, or a named set (`LEVEL_SETS`)."""
+    if text in LEVEL_SETS:
+        return LEVEL_SETS[text]
+    try:
+        levels = [int(n) for n in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: positive counts of concurrent turns, comma-separated, or one of "
+            f"{', '.join(LEVEL_SETS)}")
+    return levels
 
 
 def run_check(families: list[str], size: str, root: Path, cuda: bool, levels: list[int],
@@ -89,7 +109,7 @@ def run_check(families: list[str], size: str, root: Path, cuda: bool, levels: li
         began = time.perf_counter()
         run = prepare(family, size, root, cuda)
         row: dict[str, Any] = {"build_s": round(time.perf_counter() - began, 1),
-                               "stages": run.sizes}
+                               "gpu_profile": run.gpu_profile, "stages": run.sizes}
         if not dry_run:
             try:  # one family failing still leaves the other's figures and the IPC test
                 row |= asyncio.run(_serve(run, levels, size))
@@ -158,10 +178,12 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"omnivox bench gpu: size {result['size']} on {result['device']}"
           f"{' (dry run)' if result['dry_run'] else ''}")
     for family, row in result["families"].items():
-        print(f"{family}: built in {row['build_s']} s")
+        settings = f", the {row['gpu_profile']} profile's GPU settings" if row.get(
+            "gpu_profile") else ""
+        print(f"{family}: built in {row['build_s']} s{settings}")
         for stage, parts in row["stages"].items():
             for part, size in parts.items():
-                print(f"  {stage:8} {part:30} {size['parameters'] / 1e6:9.1f} M parameters "
+                print(f"  {stage:8} {part:40} {size['parameters'] / 1e6:9.1f} M parameters "
                       f"{size['weight_bytes'] / GIB_F:7.2f} GiB weights")
         for level in row.get("levels", []):
             print(f"  {level['turns']:3} turns: " + ", ".join(

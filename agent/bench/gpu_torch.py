@@ -10,6 +10,9 @@ timed and freed in turn (docs/gpu-check.md):
 - the audio tower per second of caller audio, and the Thinker's hidden-state model per prompt
   and per reply step (`gpu_torch_parts`);
 - SNAC 24 kHz at each level of streams (needs the `snac` package: "not run" without it);
+- Qwen3-Omni-30B-A3B's: the audio tower, the code predictor batched across turns, code2wav
+  streamed and batched, and the Thinker's layer copy for the Talker's rows where the device has
+  the memory for its 28.4 GiB (`gpu_torch_qwen3`);
 - then pytest on the CUDA IPC transport's tests, in a subprocess (`gpu_tests`).
 
 It prints an estimate first (`gpu_torch_estimate`), then a table, and writes the figures as JSON
@@ -30,7 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PARTS = ("token2wav", "audio_tower", "snac", "thinker_states", "cuda_ipc_tests")
+PARTS = ("token2wav", "audio_tower", "snac", "thinker_states", "qwen3_audio_tower",
+         "qwen3_code_predictor", "qwen3_code2wav", "qwen3_thinker_rows", "cuda_ipc_tests")
 # what the check must never import: vLLM, and the server's web, WebRTC and messaging stack
 FORBIDDEN = ("vllm", "fastapi", "starlette", "uvicorn", "aiortc", "msgspec", "zmq", "pydantic")
 NO_CUDA = "omnivox bench gpu-torch: no CUDA device here (torch.cuda.is_available() is False)"
@@ -57,8 +61,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 def add_parser(bench_cmd: Any) -> None:
     """`omnivox bench gpu-torch`'s flags."""
     add_flags(bench_cmd.add_parser(
-        "gpu-torch", help="real-size token2wav, audio tower, SNAC, hidden-state model on a GPU "
-        "without vLLM: first window, real-time factor, ms per audio second"))
+        "gpu-torch", help="real-size token2wav, audio towers, SNAC, hidden-state model, "
+        "Qwen3-Omni's code predictor, code2wav and layer copy on a GPU without vLLM: first "
+        "window, real-time factor, ms per audio second"))
 
 
 def command(args: Any, settings: Any) -> int:
@@ -146,6 +151,7 @@ def run_part(name: str, target: Any, levels: list[int]) -> dict[str, Any]:
 def _measure(name: str) -> Callable[[Any, list[int]], dict[str, Any]]:
     """The function measuring part `name` at a target and levels of streams."""
     from agent.bench import gpu_torch_parts as parts
+    from agent.bench import gpu_torch_qwen3 as qwen3
     from agent.bench import gpu_torch_streams as streams
     from agent.bench.gpu_tests import CUDA_IPC_TESTS, pytest_outcome
 
@@ -154,6 +160,10 @@ def _measure(name: str) -> Callable[[Any, list[int]], dict[str, Any]]:
         "snac": streams.snac_part,
         "audio_tower": lambda target, _: parts.audio_tower_part(target),
         "thinker_states": parts.thinker_states_part,
+        "qwen3_audio_tower": lambda target, _: qwen3.audio_tower_part(target),
+        "qwen3_code_predictor": qwen3.code_predictor_part,
+        "qwen3_code2wav": qwen3.code2wav_part,
+        "qwen3_thinker_rows": qwen3.thinker_rows_part,
         "cuda_ipc_tests": lambda *_: {path.name: pytest_outcome(path)
                                       for path in CUDA_IPC_TESTS},
     }
@@ -178,7 +188,7 @@ def print_estimate(plan: dict[str, Any]) -> None:
           f"+ {plan['fixed_s']:.0f} s fixed): about {plan['seconds']:.0f} s, largest part "
           f"{plan['largest_part_gib']:.2f} GiB of weights")
     for name, row in plan["parts"].items():
-        print(f"  {name:15} {row['parameters'] / 1e6:9.1f} M parameters {row['weight_gib']:7.2f} "
+        print(f"  {name:20} {row['parameters'] / 1e6:9.1f} M parameters {row['weight_gib']:7.2f} "
               f"GiB {row['tflop']:9.1f} TFLOP {row['seconds']:7.1f} s")
 
 
@@ -189,7 +199,7 @@ def print_report(result: dict[str, Any]) -> None:
     for name, row in result["parts"].items():
         header = {k: v for k, v in row.items() if not isinstance(v, list | dict)}
         print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in header.items()))
-        for key in ("levels", "float32_levels", "utterances", "prompts"):
+        for key in ("levels", "float32_levels", "utterances", "prompts", "reply_rows"):
             for line in row.get(key, []):
                 print(f"  {key:14} " + ", ".join(f"{k} {v}" for k, v in line.items()))
         for test, outcome in row.items() if name == "cuda_ipc_tests" else ():

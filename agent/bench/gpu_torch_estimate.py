@@ -15,6 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from agent.bench import gpu_torch_parts as parts
+from agent.bench import gpu_torch_qwen3 as qwen3
 from agent.bench import gpu_torch_streams as streams
 from agent.bench.gpu_torch_kit import (
     Target,
@@ -40,7 +41,11 @@ def estimate(target: Target, levels: Sequence[int], snac: bool) -> dict[str, Any
     """Per part: parameters, weight GiB, planned TFLOP and seconds; the whole run's seconds."""
     rate = ASSUMED_TFLOPS[dtype_name(target.dtype)] * 1e12
     sized = {"token2wav": _token2wav(target, levels), "audio_tower": _audio_tower(target),
-             "thinker_states": _thinker_states(target)}
+             "thinker_states": _thinker_states(target),
+             "qwen3_audio_tower": _qwen3_audio_tower(target),
+             "qwen3_code_predictor": _qwen3_code_predictor(target, levels),
+             "qwen3_code2wav": _qwen3_code2wav(target, levels),
+             "qwen3_thinker_rows": _qwen3_thinker_rows(target)}
     if snac:
         sized["snac"] = _snac(target, levels)
     rows = {name: {"parameters": count, "weight_gib": figure(count * _bytes(name, target) / 2**30),
@@ -121,3 +126,63 @@ def _thinker_states(target: Target) -> tuple[int, float]:
     count = parameters(model)
     rows = sum(parts.PROMPT_ROWS) * (1 + parts.REPEATS) + parts.PROMPT_ROWS[0] + parts.REPLY_STEPS
     return count, 2.0 * (count - text.vocab_size * text.hidden_size) * rows
+
+
+def _qwen3_audio_tower(target: Target) -> tuple[int, float]:
+    """Two FLOPs a parameter a row, at 13 rows a second of audio (the encoder's output rate;
+    its convolutions run before at higher rates: an underestimate)."""
+    from pipeline.families.kit.transformers_internals import qwen3_audio_encoder_class
+
+    config = qwen3.qwen3_config(target.size).thinker_config.audio_config
+    encoder = on_device(lambda: model_from_config(qwen3_audio_encoder_class(), config), META)
+    rows = 13 * sum(qwen3.UTTERANCE_S) * (2 + qwen3.REPEATS)  # + the rows counted once
+    return parameters(encoder), 2.0 * parameters(encoder) * rows
+
+
+def _qwen3_code_predictor(target: Target, levels: Sequence[int]) -> tuple[int, float]:
+    """Two FLOPs a parameter a row, 16 rows a frame (a prefill of two, then 14 steps of one;
+    each step reads one of its 15 heads and embeddings, so this overestimates)."""
+    from pipeline.families.qwen3_omni.code_predictor import PredictorModel
+
+    talker = qwen3.qwen3_config(target.size).talker_config
+    model = on_device(lambda: model_from_config(PredictorModel, talker.code_predictor_config),
+                      META)
+    frames = (1 + sum(levels)) * (1 + qwen3.REPEATS)
+    return parameters(model), 2.0 * parameters(model) * 16 * frames
+
+
+def _qwen3_code2wav(target: Target, levels: Sequence[int]) -> tuple[int, float]:
+    """One reply's whole decode per stream of each level: its convolutions (upsampling and
+    decoder: torch's FlopCounterMode on meta, where most of the work is) and two FLOPs a
+    transformer parameter a frame (its forward cannot run on meta)."""
+    from transformers import Qwen3OmniMoeCode2Wav
+
+    config = qwen3.qwen3_config(target.size).code2wav_config
+    model = on_device(lambda: model_from_config(Qwen3OmniMoeCode2Wav, config), META)
+    frames = qwen3.CODE2WAV_FRAMES[target.size]
+
+    def convolutions() -> torch.Tensor:
+        samples = torch.zeros(1, config.hidden_size, frames)
+        for layer in [*(block for blocks in model.upsample for block in blocks), *model.decoder]:
+            samples = layer(samples)
+        return samples
+
+    reply = flops(convolutions) + 2.0 * parameters(model.pre_transformer) * frames
+    return parameters(model), reply * (1 + sum(levels))
+
+
+def _qwen3_thinker_rows(target: Target) -> tuple[int, float]:
+    """Two FLOPs an active parameter a row (the routed experts a row takes, attention, router;
+    the embedding table does none) over the prompts."""
+    from transformers import Qwen3MoeModel
+
+    config = qwen3.qwen3_config(target.size)
+    text = config.thinker_config.text_config
+    states_config = qwen3.first_layers_config(
+        config, int(config.talker_config.accept_hidden_layer), target.dtype)
+    model = on_device(lambda: Qwen3MoeModel(states_config), META)
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    dense = parameters(model) - experts - text.vocab_size * text.hidden_size
+    active = dense + experts * text.num_experts_per_tok / text.num_experts
+    rows = sum(qwen3.PROMPT_ROWS[target.size]) * (1 + qwen3.REPEATS)
+    return parameters(model), 2.0 * active * rows

@@ -23,6 +23,8 @@ from pipeline.families.qwen25_omni.tiny_config import TokenIds, tiny_config
 
 M = TypeVar("M", bound=torch.nn.Module)
 GIB = float(2**30)
+REPEATS = 3  # timings per figure (their median), after one warm-up
+UTTERANCE_S = (1.0, 2.0, 8.0)  # the audio encoders' utterances
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ else 2 (the JSON says which).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -20,6 +21,8 @@ import numpy as np
 import torch
 
 from agent.bench.gpu_torch_kit import (
+    REPEATS,
+    UTTERANCE_S,
     Target,
     dtype_name,
     figure,
@@ -33,8 +36,6 @@ from agent.bench.gpu_torch_kit import (
 )
 from pipeline.families.kit.transformers_internals import audio_encoder_class, model_from_config
 
-REPEATS = 3  # timings per figure (their median), after one warm-up
-UTTERANCE_S = (1.0, 2.0, 8.0)
 PROMPT_ROWS = (64, 512)
 AUDIO_ROWS = 25  # the prompt rows holding audio features: a 1 s utterance's
 REPLY_STEPS = 16
@@ -119,10 +120,22 @@ def states_layers(target: Target, text: Any) -> int:
     return int(text.num_hidden_layers) if need < free / 2 else CUT_LAYERS
 
 
-def thinker_prompt(rows: int, hidden: int) -> Any:
-    """A prompt of `rows` random embedding rows, the first AUDIO_ROWS of them audio."""
-    from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
+@dataclass(frozen=True)
+class Prompt:
+    """What `ThinkerStates.open` reads of a Thinker's prompt (`kit.audio_prompt.ThinkerPrompt`,
+    which the check does not import: its module imports the server's stage messages)."""
 
+    ids: list[int]
+    embeds: torch.Tensor  # (len(ids), hidden)
+    audio_rows: torch.Tensor  # (len(ids),) bool
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def thinker_prompt(rows: int, hidden: int) -> Any:
+    """A prompt of `rows` random embedding rows, the first AUDIO_ROWS of them audio (a
+    `Prompt`, which `ThinkerStates.open` reads as it reads a `ThinkerPrompt`)."""
     audio = torch.zeros(rows, dtype=torch.bool)
     audio[:AUDIO_ROWS] = True
-    return ThinkerPrompt(list(range(rows)), torch.randn(rows, hidden) * 0.02, audio)
+    return Prompt(list(range(rows)), torch.randn(rows, hidden) * 0.02, audio)

@@ -11,7 +11,11 @@ frame to find its loud samples. A light one does neither:
   server's pacer sends digital silence between replies, which Opus codes as a packet of a few
   bytes (`SILENT_MAX_BYTES`), while any sound takes tens to hundreds. A packet is then all sound
   or all silence: the light caller's times have a 20 ms resolution, and a reply's quiet tail
-  (samples a full caller would count as silence) counts as sound.
+  (samples a full caller would count as silence) counts as sound. So does the voice's silence
+  just after a cut: the voice's encoder codes the first 13 frames of digital silence after
+  sound in over 200 bytes each (libopus spending on the decay) before its 3-byte packet, so a
+  light caller's barge-in stop counts about 260 ms more than a full caller hears
+  (docs/measurements/2026-12-06-barge-in.md): time barge-ins with full callers.
 
 Opus only: a light caller offers no other codec.
 """

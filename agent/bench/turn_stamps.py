@@ -16,6 +16,10 @@ the caller's time to first audio into
 - the session: the first audio queued for the caller, its first frame handed to the sender;
 - the way out: that frame to the first loud sample the caller received (pacing, the network,
   any quiet lead-in of the voice).
+
+Beside the times, where a reply ran dry: its underruns (the server's outbound queue empty
+mid-reply), each stage's longest wait between two outputs, and the lowest the rendered audio's
+lead over playback fell.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class RecordedCall(Protocol):
     async def call_record(self, timeout_s: float = 10.0) -> dict[str, Any]: ...
 
 
-def breakdown(server_turn: dict[str, Any], speech_end_unix: float) -> dict[str, float | None]:
+def breakdown(server_turn: dict[str, Any], speech_end_unix: float) -> dict[str, Any]:
     """One turn's figures in ms (module doc) from its row in the call's record."""
     began = (server_turn["started_at"] - speech_end_unix) * 1e3
     usage = server_turn.get("usage") or {}
@@ -48,12 +52,21 @@ def breakdown(server_turn: dict[str, Any], speech_end_unix: float) -> dict[str, 
     def after_began(ms: float | None) -> float | None:
         return None if ms is None else began + ms
 
-    figures: dict[str, float | None] = {"turn_began_ms": began}
+    figures: dict[str, Any] = {"turn_began_ms": began}
     for figure, mark in PIPELINE_MARKS.items():
         seconds = usage.get(mark)
         figures[figure] = None if seconds is None else seconds * 1e3
     figures["first_audio_queued_ms"] = after_began(server_turn.get("first_audio_ms"))
     figures["first_frame_sent_ms"] = after_began(server_turn.get("first_frame_ms"))
+    # Not a time: how often the server's outbound queue ran dry while the reply was generating.
+    # A gap the caller heard with none here came after the queue (pacing, network, caller).
+    figures["underruns"] = server_turn.get("underruns")
+    # Which stage held it: each stage's longest wait between two of its outputs (a stall shows
+    # in its stage and every stage after it), and how far ahead of playback the audio stayed.
+    waits = usage.get("longest_wait_s") or {}
+    figures["longest_wait_ms"] = {stage: round(s * 1e3, 1) for stage, s in waits.items()}
+    ahead = usage.get("lowest_ahead_s")
+    figures["lowest_ahead_ms"] = None if ahead is None else round(ahead * 1e3, 1)
     return figures
 
 

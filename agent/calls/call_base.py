@@ -52,6 +52,9 @@ class CallHandler(Protocol):
 
     def on_speech_started(self, event: SpeechStarted, item_id: str) -> None: ...
 
+    def on_speech_heard(self, voiced_ms: int) -> None:
+        """A frame of the speech in progress, `voiced_ms` long so far (its onset included)."""
+
     def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None: ...
 
     def on_speech_paused(self, event: SpeechPaused) -> None: ...
@@ -191,6 +194,8 @@ class CallBase:
                     self.handler.on_speech_started(event, self._speech_item)
             else:
                 self._speech_stopped(event)
+        if self.handler and self.vad.in_speech:
+            self.handler.on_speech_heard(self.vad.voiced_ms)
 
     def _denoised(self, frame: np.ndarray) -> np.ndarray:
         """`frame` through the call's noise suppressor while its session asks for one

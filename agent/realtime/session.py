@@ -86,7 +86,7 @@ class Session:
                               call.metrics, call.id)
         # The reply started at the caller's pause, if any.
         self.pauses = Pauses(self, judge, call.metrics, call.spawn, call.id)
-        self.barge_in = BargeIn(self, call.vad, call.metrics, call.id)
+        self.barge_in = BargeIn(self, call.metrics, call.id)
         self.idle = IdleTimeout(self._idle_expired)
 
     @property
@@ -195,6 +195,9 @@ class Session:
         self.idle.disarm()
         self.pauses.discard()  # a new utterance: what began at a pause is not its reply
         self.barge_in.onset()
+
+    def on_speech_heard(self, voiced_ms: int) -> None:
+        self.barge_in.heard(voiced_ms)
 
     def on_speech_stopped(self, event: SpeechStopped, item_id: str) -> None:
         self.barge_in.speech_ended(event)

@@ -5,7 +5,8 @@ specifics are defaults that a GPU host's settings override (or that vLLM ignores
 per-request seeds, which a CPU engine never gets (see `VllmEngine._request_seed`).
 vLLM internals are reached only through `vllm_internals`.
 Prompts are token ids or prompt embeddings; outputs stream as deltas; JSON schemas become
-guided decoding, never silently dropped.
+guided decoding, never silently dropped. A pooling engine (`LAST_STATE_POOLING`) hands out a
+prompt's pooled hidden state instead (`VllmEngine.pooled`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from pipeline.settings import RUNTIME_DIR_ENV
 
 if TYPE_CHECKING:
     import torch
-    from vllm.config.model import ModelDType
+    from vllm.config.model import ConvertOption, ModelDType, RunnerOption
+    from vllm.config.pooler import SequencePoolingType
     from vllm.config.structured_outputs import StructuredOutputsBackend
+    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import EmbedsPrompt, TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -36,6 +39,23 @@ logger = logging.getLogger(__name__)
 # Set (to pipeline/environment.py's defaults) for vLLM unless the operator has set them.
 ENGINE_ENV = ("VLLM_HOST_IP", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "HF_HUB_OFFLINE",
               "VLLM_WORKER_MULTIPROC_METHOD")
+
+
+# The settings that make an engine a pooling model handing out a causal LM's final-norm hidden
+# state at a prompt's last row, as it is (no normalisation): `VllmEngine.pooled`. vLLM keeps
+# prefix caching on for it (a causal model pooled at its last row).
+POOLING_RUNNER = "pooling"
+LAST_STATE_POOLING: dict[str, Any] = {"runner": POOLING_RUNNER, "convert": "embed",
+                                      "pooling_type": "LAST", "pooling_activation": False}
+
+
+# vLLM 0.32's `--quantization` names that quantize a bfloat16 checkpoint's weights as it loads
+# (vllm/config/quantization.py `_ONLINE_SHORTHANDS`; tests/test_gpu_profiles.py checks them
+# against the installed vLLM): the linear layers' and the MoE experts' weights to FP8 per
+# tensor, per 128 x 128 block or per output channel, to MXFP8 or MXFP4, the experts alone to
+# int8 or NVFP4. Embeddings, LM head and norms stay as loaded.
+ONLINE_QUANTIZATIONS = ("fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "mxfp8", "mxfp4",
+                        "int8_per_channel_weight_only", "nvfp4_per_token")
 
 
 class EngineSettingsError(ValueError):
@@ -70,6 +90,17 @@ class EngineSettings:
     # Past one GPU per stage: vLLM's own parallelism (GPUs per engine = tp x pp).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # "pooling": the engine pools prompts instead of generating (`VllmEngine.pooled`);
+    # "auto": vLLM's choice from the model ("generate" for a causal LM).
+    runner: str = "auto"
+    convert: str = "auto"  # "embed": a causal LM served as a pooling model
+    # Pooling engines only: which row a prompt pools ("LAST", "MEAN", "CLS") and whether the
+    # pooler's activation (an embedding's normalisation) applies; None: vLLM's default.
+    pooling_type: str | None = None
+    pooling_activation: bool | None = None
+    # Weights quantized as a bfloat16/float16 checkpoint loads, one of `ONLINE_QUANTIZATIONS`
+    # (None: as the checkpoint is; a pre-quantized one says its own method in config.json).
+    quantization: str | None = None
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> EngineSettings:
@@ -85,7 +116,28 @@ class EngineSettings:
             raise EngineSettingsError(
                 f"cpu_threads {threads!r} needs cpu_cores 'nobind' and at least 1 thread: "
                 "vLLM gives a bound engine one thread per core")
+        _check_pooling(settings)
+        _check_quantization(settings.get("quantization"))
         return cls(**settings)
+
+
+def _check_pooling(settings: Mapping[str, Any]) -> None:
+    """Pooler settings only with runner "pooling" (a generating engine would ignore them)."""
+    pooler = sorted(k for k in ("pooling_type", "pooling_activation")
+                    if settings.get(k) is not None)
+    if pooler and settings.get("runner") != POOLING_RUNNER:
+        raise EngineSettingsError(
+            f"{pooler} need runner {POOLING_RUNNER!r} (a pooling engine), not "
+            f"{settings.get('runner', 'auto')!r}")
+
+
+def _check_quantization(quantization: Any) -> None:
+    """One of vLLM's online quantizations, or None."""
+    if quantization is not None and quantization not in ONLINE_QUANTIZATIONS:
+        raise EngineSettingsError(
+            f"quantization {quantization!r}: one of {', '.join(ONLINE_QUANTIZATIONS)} (vLLM "
+            "0.32's online quantizations; its 'fp8' no longer quantizes a bfloat16 checkpoint, "
+            "'fp8_per_tensor' does), or none")
 
 
 TOP_LOGPROBS = 20  # the next-token candidates a score reads (vLLM's default max_logprobs)
@@ -123,6 +175,16 @@ class Delta:
     # Leading prompt tokens whose KV cache the engine found already computed (prefix caching:
     # a conversation's system prompt and history, reused from its earlier turns).
     cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """A pooling request's result (`VllmEngine.pooled`)."""
+
+    state: torch.Tensor  # (hidden,) float32: the pooled hidden state
+    # Leading prompt rows whose KV cache the engine found already computed (prefix caching:
+    # the history a request shares with the one before it, in full KV blocks).
+    cached_tokens: int
 
 
 def json_schema_of(response_format: Mapping[str, Any]) -> dict[str, Any]:
@@ -215,6 +277,23 @@ class VllmEngine:
                 yield Delta(completion.text, list(completion.token_ids), output.finished,
                             completion.finish_reason, _sampled_logprobs(completion),
                             output.num_cached_tokens or 0)
+
+    async def pooled(self, request_id: str, rows: torch.Tensor) -> Pooled | None:
+        """The pooled state of one request over the (n, hidden) prompt embeddings `rows`, on
+        an engine started with pooling settings (`LAST_STATE_POOLING`); None if the request
+        was aborted (`abort`). Cancelling the call aborts the request in vLLM."""
+        from vllm.pooling_params import PoolingParams
+
+        # The task a causal LM converted with "embed" serves; the activation is the engine's.
+        params = PoolingParams(task="embed")
+        final: Any = None
+        async with aclosing(self.llm.encode({"prompt_embeds": rows.to(self.dtype)}, params,
+                                            request_id)) as outputs:
+            async for output in outputs:
+                final = output
+        if final is None or vllm_internals.pooling_aborted(final):
+            return None
+        return Pooled(final.outputs.data.float(), int(final.num_cached_tokens or 0))
 
     async def next_token_logprobs(self, request_id: str, prompt: list[int],
                                   top: int = TOP_LOGPROBS) -> dict[int, float]:
@@ -323,19 +402,42 @@ def _sampled_logprobs(completion: Any) -> list[float] | None:
     return [float(steps[i][token].logprob) for i, token in enumerate(completion.token_ids)]
 
 
+def _pooler_config(settings: EngineSettings) -> Any:
+    """vLLM's PoolerConfig of a pooling engine's settings; None for any other engine."""
+    if settings.runner != POOLING_RUNNER:
+        return None
+    from vllm.config import PoolerConfig
+
+    return PoolerConfig(seq_pooling_type=cast("SequencePoolingType | None", settings.pooling_type),
+                        use_activation=settings.pooling_activation)
+
+
 def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
     """Build vLLM's engine arguments and start the engine (blocking: several seconds)."""
+    args = engine_args(settings)  # first: it quiets vLLM before vLLM is imported
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    # Engine creation reads the core binding, threads and executor from the environment as it
+    # spawns its processes.
+    with vllm_internals.engine_creation(settings.cpu_cores, settings.cpu_threads):
+        box.append(AsyncLLM.from_engine_args(args))
+
+
+def engine_args(settings: EngineSettings) -> AsyncEngineArgs:
+    """vLLM's engine arguments for `settings` (importing vLLM, quietly)."""
     vllm_noise.quiet_engine_start()  # first: it must precede vLLM's import
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     # Unset, vLLM's own default fraction applies (an explicit None is not the same).
     memory_fraction: dict[str, Any] = (
         {"gpu_memory_utilization": settings.gpu_memory_utilization}
         if settings.gpu_memory_utilization is not None else {})
-    args = AsyncEngineArgs(
+    return AsyncEngineArgs(
         model=settings.model,
+        runner=cast("RunnerOption", settings.runner),
+        convert=cast("ConvertOption", settings.convert),
+        pooler_config=_pooler_config(settings),
         # Names vLLM itself validates (EngineSettings keeps them plain strings).
         dtype=cast("ModelDType", settings.dtype),
         max_model_len=settings.max_model_len,
@@ -346,6 +448,7 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,
         block_size=settings.block_size,
+        quantization=settings.quantization,
         seed=settings.seed,
         load_format=settings.load_format,
         tensor_parallel_size=settings.tensor_parallel_size,
@@ -357,7 +460,3 @@ def _create_async_llm(settings: EngineSettings, box: list[AsyncLLM]) -> None:
         disable_log_stats=True,
         **memory_fraction,
     )
-    # Engine creation reads the core binding, threads and executor from the environment as it
-    # spawns its processes.
-    with vllm_internals.engine_creation(settings.cpu_cores, settings.cpu_threads):
-        box.append(AsyncLLM.from_engine_args(args))

@@ -38,6 +38,10 @@ What each touches, and what upstream offers or would take instead:
 - `runs_on_cpu`: `AsyncLLM.vllm_config.device_config.device_type`, the device the engine was
   configured for (with `vllm.platforms.current_platform.is_cpu()` behind it, which is what
   "auto" resolves from). Upstream offers no public "which device does this engine run on".
+- `pooling_aborted`: an aborted pooling request's final output, which vLLM marks only by an
+  empty pooled tensor (`OutputProcessor.abort_requests` puts `EMPTY_CPU_TENSOR` there; a
+  `PoolingRequestOutput` has no finish reason). A finish reason on pooling outputs would
+  replace it.
 - `default_logging_config`: `vllm.logger.DEFAULT_LOGGING_CONFIG`, the `dictConfig` vLLM applies
   when no `VLLM_LOGGING_CONFIG_PATH` is given; a file given there replaces it whole, so one that
   only adds a filter (`vllm_noise`) starts from it. A documented default, or a way to add a
@@ -145,6 +149,12 @@ def cpu_list(cores: str | None) -> set[int] | None:
         first, _, last = part.strip().partition("-")
         cpus.update(range(int(first), int(last or first) + 1))
     return cpus
+
+
+def pooling_aborted(output: Any) -> bool:
+    """Whether a pooling request's final output (a `PoolingRequestOutput`) is its abort's,
+    which carries no pooled data."""
+    return bool(output.finished) and output.outputs.data.numel() == 0
 
 
 def executor_backend(llm: AsyncLLM) -> str:

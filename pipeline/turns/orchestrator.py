@@ -129,7 +129,7 @@ class Pipeline:
                                       self.pool, on_lost=self._on_stage_lost,
                                       on_failed=self._on_stage_failed)
         await self._supervisor.start()
-        health = self.health()
+        health = self._stage_health()
         ready = [st for st, status in health.stages.items() if status.state == StageState.READY]
         await asyncio.gather(*(self._clients[st].wait_connected() for st in ready))
         if not health.ready:
@@ -200,12 +200,14 @@ class Pipeline:
         return self._dir
 
     def health(self) -> PipelineHealth:
-        """Each stage's state (starting, ready, restarting, failed) and reason; while the
-        warm-up turns run, a `warm-up` entry says so (/readyz names it)."""
+        """Each stage's state (starting, ready, restarting, failed) and reason; until start()
+        returns (its clients connect, the warm-up turns run) a `warm-up` entry says the stages
+        ready are not yet serving (/readyz names it)."""
         health = self._stage_health()
-        if not self._warming:
+        if not (self._starting and health.ready):
             return health
-        warming = StageStatus(WARM_UP, StageState.STARTING, "the warm-up turns run")
+        reason = "the warm-up turns run" if self._warming else "connecting to the stages"
+        warming = StageStatus(WARM_UP, StageState.STARTING, reason)
         return PipelineHealth(False, {**health.stages, WARM_UP: warming})
 
     def _stage_health(self) -> PipelineHealth:

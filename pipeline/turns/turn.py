@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.errors import PipelineError, StageFailedError
 from pipeline.runtime.client import StageClient, release_quietly
-from pipeline.settings import PipelineSettings
+from pipeline.settings import STAGE_ORDER, PipelineSettings
 from pipeline.stage import (
     Job,
     Output,
@@ -123,12 +123,15 @@ class TurnRun:
         # Counts, and seconds since the turn began: when the caller's words were recognised
         # (audio turns), the first reply text, the first speech tokens and the first PCM
         # arrived; voicebox_s is the time the VoiceBox requests took (its real-time factor is
-        # voicebox_s / audio_s).
+        # voicebox_s / audio_s). longest_wait_s: per stage, the longest time between two of
+        # its outputs (a stall shows in its own stage and in every stage after it).
         self._usage: dict[str, Any] = {"prompt_tokens": 0, "cached_tokens": 0,
                                        "thinker_tokens": 0, "speech_tokens": 0, "chunks": 0,
                                        "audio_s": 0.0, "voicebox_s": 0.0, "transcript_s": None,
                                        "first_text_s": None, "first_speech_tokens_s": None,
-                                       "first_audio_s": None}
+                                       "first_audio_s": None,
+                                       "longest_wait_s": dict.fromkeys(STAGE_ORDER, 0.0)}
+        self._last_output: dict[str, float] = {}
         self._t0 = time.monotonic()
         self._ahead = AudioAhead(settings.cascade.hurry_factor)
 
@@ -216,6 +219,7 @@ class TurnRun:
                         self._usage["cached_tokens"] = out.cached_tokens
                     if not out.text and not out.token_ids:
                         continue
+                    self._output("thinker")
                     if out.text:
                         self._reply.append(out.text)
                         self._mark("first_text_s")
@@ -266,6 +270,7 @@ class TurnRun:
                         async for out in outputs:
                             assert isinstance(out, TalkerOutput)
                             if out.tokens:
+                                self._output("talker")
                                 self._mark("first_speech_tokens_s")
                                 spoken.extend(out.tokens)
                                 await groups.put(Group(chunk, index, list(out.tokens)))
@@ -313,6 +318,7 @@ class TurnRun:
                 if pcm is None or not len(pcm):
                     continue
                 self._usage["voicebox_s"] += time.monotonic() - waiting_since
+                self._output("voicebox")
                 self._mark("first_audio_s")
                 seconds = len(pcm) / max(out.sample_rate, 1)
                 self._usage["audio_s"] += seconds
@@ -398,6 +404,14 @@ class TurnRun:
     def _mark(self, key: str) -> None:
         if self._usage[key] is None:
             self._usage[key] = time.monotonic() - self._t0
+
+    def _output(self, stage: str) -> None:
+        """An output of `stage` came: the wait since its previous one, if the longest yet."""
+        now, last = time.monotonic(), self._last_output.get(stage)
+        if last is not None:
+            waits = self._usage["longest_wait_s"]
+            waits[stage] = max(waits[stage], now - last)
+        self._last_output[stage] = now
 
     async def _emit(self, event: Event) -> None:
         if not self.cancelled:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,6 +33,23 @@ def parameter_count(tensors: Mapping[str, torch.Tensor], prefix: str = "") -> in
     """Elements of the floating-point tensors whose names start with `prefix`."""
     return sum(t.numel() for name, t in tensors.items()
                if name.startswith(prefix) and t.is_floating_point())
+
+
+def part_sizes(tensors: Mapping[str, torch.Tensor],
+               stage_parts: Mapping[str, Mapping[str, Sequence[str]]],
+               states_bytes: int = 2) -> dict[str, Any]:
+    """Per stage and part (each a list of tensor-name prefixes): parameters and weight memory
+    in bytes, bfloat16 (2 bytes a parameter) but a part named for the Thinker's hidden-state
+    copy ("states" in its name), at `states_bytes` a parameter."""
+    stages: dict[str, Any] = {}
+    for stage, parts in stage_parts.items():
+        rows = {}
+        for part, prefixes in parts.items():
+            count = sum(parameter_count(tensors, prefix) for prefix in prefixes)
+            width = states_bytes if "states" in part else 2
+            rows[part] = {"parameters": count, "weight_bytes": count * width}
+        stages[stage] = rows
+    return stages
 
 
 def write_sparse_checkpoint(directory: Path, tensors: Mapping[str, torch.Tensor],

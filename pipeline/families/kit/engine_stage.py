@@ -3,16 +3,18 @@ defaults the families start from.
 
 A stage's settings (a profile's per-stage dict) hold an optional "engine" dict that overrides
 a family's engine defaults; `ENGINE_DEFAULTS` (float32, eager, a fixed KV cache, which suit a
-CPU) is where the tiny, qwen25_omni and orpheus families start theirs.
+CPU) is where the tiny, qwen25_omni, qwen3_omni and orpheus families start theirs
+(`engine_settings`: the defaults, then the overrides, for one model directory).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from pipeline.engines.vllm import VllmEngine
+from pipeline.engines.vllm import EngineSettings, VllmEngine
 from pipeline.families.kit.torch_thread import TorchThread
-from pipeline.stage import JobT, OutputT, Stage
+from pipeline.stage import JobT, OutputT, Stage, StageContext
 
 ENGINE_DEFAULTS: dict[str, Any] = {
     "dtype": "float32",
@@ -46,3 +48,9 @@ class EngineStage(Stage[JobT, OutputT]):
     async def stop(self) -> None:
         await self.engine.stop()
         self.torch.close()
+
+
+def engine_settings(ctx: StageContext, model: Path) -> EngineSettings:
+    """The engine of `model`: the CPU-friendly defaults, then the stage's "engine" overrides."""
+    merged = {**ENGINE_DEFAULTS, **ctx.settings.get("engine", {}), "model": str(model)}
+    return EngineSettings.from_mapping(merged)

@@ -59,6 +59,14 @@ def checked_release_config(directory: Path, label: str, download: str, model_typ
     return config
 
 
+def hearing_files(directory: Path) -> list[str]:
+    """The files an audio-in omni release needs beside its weights: its tokenizer (tokenizer.json,
+    else vocab.json), tokenizer_config.json and the audio feature extractor's
+    preprocessor_config.json."""
+    tokenizer = "tokenizer.json" if (Path(directory) / "tokenizer.json").is_file() else "vocab.json"
+    return [tokenizer, "tokenizer_config.json", "preprocessor_config.json"]
+
+
 def copy_tokenizer_files(release: Path, directory: Path) -> list[str]:
     """Copy the release's tokenizer files (those of `TOKENIZER_FILES` it has) into `directory`,
     so that a language model written there loads its tokenizer; the names copied."""

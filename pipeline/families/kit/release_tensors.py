@@ -1,19 +1,22 @@
 """A release's tensors under name prefixes, read one safetensors shard at a time, and written
-renamed as a model directory of their own.
+under new names as a model directory of their own.
 
 The omni families derive parts from their releases: an audio tower or a vocoder loaded from the
 tensors under its prefix, a language model written out as a plain transformers directory that
-stock vLLM serves (the thinker's `model.*` and `lm_head` with `thinker.` dropped). A real
-release is tens of GB in several shards, so everything here goes shard by shard, one shard's
-tensors in memory at a time, and a written model has one shard per release shard that holds
-any. A weightless release (`dummy_weights.py`: its data a hole) is renamed from its headers
-alone, into a weightless model: nothing is read or written but names, shapes and dtypes.
+stock vLLM serves: the thinker's `model.*` and `lm_head` with `thinker.` dropped
+(`write_renamed_shards`), or Qwen3-Omni's talker, whose names differ by more than a prefix
+(its `codec_embedding` and `codec_head` are a causal LM's `embed_tokens` and `lm_head`), each
+name mapped by a function (`write_mapped_shards`, which both are). A real release is tens of GB
+in several shards, so everything here goes shard by shard, one shard's tensors in memory at a
+time, and a written model has one shard per release shard that holds any. A weightless release
+(`dummy_weights.py`: its data a hole) is renamed from its headers alone, into a weightless
+model: nothing is read or written but names, shapes and dtypes (`write_headers`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -25,6 +28,7 @@ from pipeline.families.kit.dummy_weights import SAFETENSORS_DTYPES, write_sparse
 from pipeline.families.kit.hf_release import WEIGHTS_INDEX, release_shards
 
 TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
+Rename = Callable[[str], str | None]  # a release tensor's name -> its new name, None: left out
 
 
 def release_tensor_names(release: Path) -> set[str]:
@@ -56,11 +60,24 @@ def release_tensors(release: Path, prefix: str) -> dict[str, torch.Tensor]:
 
 def write_renamed_shards(release: Path, directory: Path, prefixes: tuple[str, ...], strip: str,
                          dummy_weights: bool = False) -> dict[str, str]:
-    """Write the release's tensors under `prefixes`, `strip` taken off their names, into
-    `directory` as Hugging Face names a model's weights: model.safetensors for a one-file
-    release, else one numbered shard per release shard holding any, and their index. The
-    weight map (tensor name -> file).
+    """`write_mapped_shards` of the release's tensors under `prefixes`, `strip` taken off
+    their names."""
+    return write_mapped_shards(release, directory, stripping(prefixes, strip), dummy_weights)
 
+
+def stripping(prefixes: tuple[str, ...], strip: str) -> Rename:
+    """The mapping that keeps the names under `prefixes`, `strip` taken off them."""
+    return lambda name: name.removeprefix(strip) if name.startswith(prefixes) else None
+
+
+def write_mapped_shards(release: Path, directory: Path, rename: Rename,
+                        dummy_weights: bool = False) -> dict[str, str]:
+    """Write every release tensor `rename` maps to a name into `directory` under that name, as
+    Hugging Face names a model's weights: model.safetensors for a one-file release, else one
+    numbered shard per release shard that holds any, and their index. The weight map (new
+    name -> file).
+
+    Two tensors mapped to one name are refused (a mapping that would silently drop one).
     `dummy_weights`: the release is weightless; so is the output, written from the headers.
     """
     shards = release_shards(release)
@@ -69,12 +86,14 @@ def write_renamed_shards(release: Path, directory: Path, prefixes: tuple[str, ..
         out = ("model.safetensors" if len(shards) == 1
                else f"model-{number:05d}-of-{len(shards):05d}.safetensors")
         with safe_open(Path(release) / shard, "pt") as source:
-            renamed = {key.removeprefix(strip): key for key in source.keys()  # noqa: SIM118
-                       if key.startswith(prefixes)}
+            renamed = _mapped_names(source.keys(), rename)
             if not renamed:
                 continue
+            clash = set(renamed) & set(weight_map)
+            if clash:
+                raise ValueError(f"tensors mapped to names already written: {sorted(clash)}")
             if dummy_weights:
-                _write_headers(source, renamed, Path(directory) / out)
+                write_headers(source, renamed, Path(directory) / out)
             else:
                 save_file({new: source.get_tensor(old) for new, old in renamed.items()},
                           Path(directory) / out, metadata={"format": "pt"})
@@ -84,7 +103,21 @@ def write_renamed_shards(release: Path, directory: Path, prefixes: tuple[str, ..
     return weight_map
 
 
-def _write_headers(source: safe_open, renamed: dict[str, str], path: Path) -> None:
+def _mapped_names(names: list[str], rename: Rename) -> dict[str, str]:
+    """{new name: release name} of the `names` that `rename` keeps; a clear error for two
+    mapped to one name."""
+    renamed: dict[str, str] = {}
+    for old in names:
+        new = rename(old)
+        if new is None:
+            continue
+        if new in renamed:
+            raise ValueError(f"{renamed[new]!r} and {old!r} both map to {new!r}")
+        renamed[new] = old
+    return renamed
+
+
+def write_headers(source: safe_open, renamed: dict[str, str], path: Path) -> None:
     """The `renamed` tensors (new name -> name in `source`) as a sparse safetensors file of
     their shapes and dtypes (`dummy_weights.write_sparse_safetensors`: it writes every floating
     tensor at one dtype, so a shard of mixed floating dtypes is refused)."""

@@ -33,6 +33,14 @@ What is reached, why, and what upstream offers or could offer instead:
   renderer (qwen3_omni's code2wav.py) tells its layers apart by these classes, to keep each
   convolution's left context between calls, and refuses a layer it does not know. A streaming
   (stateful) forward upstream would retire it.
+- `Qwen3OmniMoeAudioEncoder`, from the same module, which does not export it either
+  (`qwen3_audio_encoder_class`): Qwen3-Omni's thinker's audio tower run alone, loaded from the
+  release's `thinker.audio_tower.*` without the 30B thinker around it. Exporting it (as
+  `Qwen3OmniMoeThinkerTextModel` is) would retire this reach.
+- A configuration's `_attn_implementation` (`attention_implementation`): the attention kernel
+  its layers dispatch on ("sdpa", "eager", ...); the streaming code2wav batches streams with a
+  4-D mask, which only some kernels take. transformers sets it when a model is built and has
+  no public reader.
 """
 
 from __future__ import annotations
@@ -161,7 +169,8 @@ def qwen3_omni_modeling() -> ModuleType:
     try:
         return importlib.import_module(QWEN3_OMNI_MODELING)
     except ImportError as exc:
-        raise _missing(f"module {QWEN3_OMNI_MODELING}", "Qwen3-Omni code2wav's layers") from exc
+        raise _missing(f"module {QWEN3_OMNI_MODELING}",
+                       "Qwen3-Omni code2wav's layers and audio encoder") from exc
 
 
 def code2wav_parts() -> Code2WavParts:
@@ -175,3 +184,18 @@ def code2wav_parts() -> Code2WavParts:
     module = qwen3_omni_modeling()
     return Code2WavParts(**{field: _attribute(module, QWEN3_OMNI_MODELING, name, why)
                             for field, name in names.items()})
+
+
+def qwen3_audio_encoder_class() -> type[torch.nn.Module]:
+    """Qwen3-Omni's audio encoder (the thinker's audio tower) as a model class of its own."""
+    found: type[torch.nn.Module] = _attribute(
+        qwen3_omni_modeling(), QWEN3_OMNI_MODELING, "Qwen3OmniMoeAudioEncoder",
+        "Qwen3-Omni's audio tower, run alone")
+    return found
+
+
+def attention_implementation(config: object) -> str:
+    """The attention kernel a built model's configuration dispatches on ("sdpa", "eager")."""
+    found: str = REACH.attribute(config, type(config).__name__, "_attn_implementation",
+                                 "the attention kernel a model's layers dispatch on")
+    return found

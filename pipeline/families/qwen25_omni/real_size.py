@@ -21,7 +21,7 @@ from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
 
 from pipeline.families.kit.dummy_weights import (
     meta_tensors,
-    parameter_count,
+    part_sizes,
     write_sparse_checkpoint,
 )
 from pipeline.families.qwen25_omni import tiny_tokenizer
@@ -90,15 +90,7 @@ def stage_sizes(tensors: dict[str, torch.Tensor], states_bytes: int = 2) -> dict
     """Per stage and part: parameters and weight memory in bytes (bfloat16, as the `omni`
     profile places them on a GPU; the thinker's hidden-state model at `states_bytes` per
     parameter)."""
-    stages: dict[str, Any] = {}
-    for stage, parts in STAGE_PARTS.items():
-        rows = {}
-        for part, prefixes in parts.items():
-            count = sum(parameter_count(tensors, prefix) for prefix in prefixes)
-            width = states_bytes if "states" in part else 2
-            rows[part] = {"parameters": count, "weight_bytes": count * width}
-        stages[stage] = rows
-    return stages
+    return part_sizes(tensors, STAGE_PARTS, states_bytes)
 
 
 def _copy(source: Any, target: Any, keys: tuple[str, ...]) -> None:

@@ -31,7 +31,7 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
-from pipeline.families.kit.hf_release import checked_release_config
+from pipeline.families.kit.hf_release import checked_release_config, hearing_files
 from pipeline.families.kit.release_tensors import release_tensor_names
 from pipeline.families.qwen25_omni import tiny_tokenizer
 from pipeline.families.qwen25_omni.tiny_config import TokenIds, tiny_config
@@ -141,5 +141,4 @@ def speaker_for(voice: str, speakers: list[str]) -> str:
 
 def _required_files(directory: Path) -> list[str]:
     """What must be there beside the weights before anything starts."""
-    tokenizer = "tokenizer.json" if (directory / "tokenizer.json").is_file() else "vocab.json"
-    return [tokenizer, "tokenizer_config.json", "preprocessor_config.json", "spk_dict.pt"]
+    return [*hearing_files(directory), "spk_dict.pt"]

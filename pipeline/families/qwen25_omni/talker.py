@@ -18,15 +18,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from pipeline.engines.vllm import EngineSettings, VllmEngine
 from pipeline.families.kit.engine_stage import ENGINE_DEFAULTS, EngineStage
 from pipeline.families.kit.release_build import release_dir
+from pipeline.families.kit.talker_chunks import ChunkInfo, chunk_info, chunk_rows, feed_chunk
 from pipeline.families.kit.torch_thread import TorchThread
+from pipeline.families.kit.turn_states import keep_newest
 from pipeline.families.qwen25_omni.build import FAMILY
 from pipeline.families.qwen25_omni.release import speaker_for
 from pipeline.families.qwen25_omni.talker_lm import (
@@ -39,23 +38,6 @@ from pipeline.families.qwen25_omni.talker_steps import StepSampling, TalkerTurn,
 from pipeline.stage import StageContext, TalkerJob, TalkerOutput
 
 MAX_TURNS = 256  # turns whose state is kept between chunks at most (oldest dropped)
-
-
-@dataclass(frozen=True)
-class ChunkInfo:
-    """Where a Talker job sits in its turn."""
-
-    turn: str  # the request id without its chunk index
-    index: int
-    prompt_rows: int  # leading rows of the job's embeddings that are the prompt part
-    last: bool  # the reply text ends with this chunk
-
-
-def chunk_info(job: TalkerJob) -> ChunkInfo:
-    """The job's place in its turn, from its request id `call/turn/talker/<chunk>`."""
-    turn, _, index = job.request_id.rpartition("/")
-    position = int(index) if index.isdigit() else 0
-    return ChunkInfo(turn, position, job.prompt_rows, job.last)
 
 
 def lm_dir(ctx: StageContext) -> Path:
@@ -97,12 +79,13 @@ class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
     async def stream_chunk(self, job: TalkerJob, info: ChunkInfo) -> AsyncIterator[TalkerOutput]:
         """Voice one chunk of a turn: feed its rows to the turn, then step while they last."""
         rid, pending = job.request_id, []
-        rows = await self.torch.run(self._rows, job)  # the job's blocks are released by now
+        # the job's blocks are released by now
+        rows = await self.torch.run(chunk_rows, self.ctx, job)
         turn = self._turn(info, self._voice(job.voice))
         size = max(1, job.first_group)
         self.jobs[rid] = turn
         try:
-            await self.torch.run(self._feed, turn, info, rows)
+            await self.torch.run(feed_chunk, turn, info, rows)
             async with aclosing(speak(turn, self.engine, rid, self.sampling)) as codes:
                 async for code in codes:
                     pending.append(code)
@@ -130,29 +113,9 @@ class OmniTalker(EngineStage[TalkerJob, TalkerOutput]):
         turn = self.turns.get(info.turn)
         if turn is None or info.index == 0:
             turn = TalkerTurn(self.extras, self.embedding, voice)
-            self.turns.pop(info.turn, None)
-            self.turns[info.turn] = turn
-            while len(self.turns) > MAX_TURNS:  # turns cancelled between chunks
-                self.turns.pop(next(iter(self.turns)))
+            keep_newest(self.turns, info.turn, turn, MAX_TURNS)  # turns cancelled between chunks
         return turn
 
     def _voice(self, voice: str) -> str:
         """The release's speaker for a job's voice, chosen as the VoiceBox chooses it."""
         return speaker_for(voice, list(self.extras.text_bos))
-
-    def _rows(self, job: TalkerJob) -> torch.Tensor | None:
-        """A copy of the job's rows (float32, CPU), its blocks released; in the torch thread."""
-        if not job.text_embeds:
-            return None
-        with self.ctx.read_tensors(job.text_embeds) as embeds:
-            return torch.as_tensor(embeds).to("cpu", torch.float32, copy=True)
-
-    @staticmethod
-    def _feed(turn: TalkerTurn, info: ChunkInfo, rows: torch.Tensor | None) -> None:
-        """Give the turn a chunk's rows, the prompt part first; in the torch thread."""
-        if rows is not None:
-            if info.prompt_rows:
-                turn.add_prompt(rows[:info.prompt_rows])
-            turn.add_reply(rows[info.prompt_rows:])
-        if info.last:
-            turn.end_text()

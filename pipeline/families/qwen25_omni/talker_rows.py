@@ -37,14 +37,15 @@ class TalkerRows:
         self.opened = asyncio.ensure_future(steps.thread.run(states.open, prompt))
         self.prompt_sent = False
 
-    async def next(self, token_ids: list[int]) -> torch.Tensor:
-        """These reply tokens' rows, after the prompt rows the first time."""
+    async def next(self, token_ids: list[int]) -> tuple[int, torch.Tensor]:
+        """These reply tokens' rows, after the prompt rows the first time; and how many
+        leading rows are the prompt's (the prompt's length the first time, 0 after)."""
         reply, prompt_rows = await self.opened
         rows = await self.steps.run((reply, token_ids))
         if self.prompt_sent:
-            return rows
+            return 0, rows
         self.prompt_sent = True
-        return torch.cat([prompt_rows, rows])
+        return len(prompt_rows), torch.cat([prompt_rows, rows])
 
     def close(self) -> None:
         """Drop the prompt's computation if nobody waited for it (the request ended early)."""

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import DynamicCache, Qwen2Model
 
-from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
+if TYPE_CHECKING:  # (a type only: `omnivox bench gpu-torch` loads this without the server)
+    from pipeline.families.qwen25_omni.thinker_prompt import ThinkerPrompt
 
 
 class ThinkerStates:

@@ -8,17 +8,22 @@ release's per-speaker text-start tokens (`spk_dict.pt`'s `bos_token`); their nam
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from pipeline.families.kit.bpe import train_bpe
+from pipeline.families.kit.chatml_tokenizer import (
+    IM_END,
+    IM_START,
+    PAD,
+    chatml_template,
+    save_chatml_tokenizer,
+)
 from pipeline.families.qwen25_omni.tiny_config import TokenIds
 
 BPE_SIZE = 448
 VOCAB_SIZE = 512  # the LM's rows: the tokenizer's length rounded up, as the real release does
-PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 AUDIO, AUDIO_BOS, AUDIO_EOS = "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"
 VISION_BOS, VISION_EOS, IMAGE, VIDEO = "<|vision_bos|>", "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>"
 TTS_PAD, TTS_BOS, TTS_EOS = "<|tts_pad|>", "<|tts_bos|>", "<|tts_eos|>"
@@ -27,21 +32,10 @@ SPEAKERS = {"Chelsie": "<|spk_chelsie|>", "Ethan": "<|spk_ethan|>"}
 SPECIAL_TOKENS = [PAD, IM_START, IM_END, AUDIO, AUDIO_BOS, AUDIO_EOS, VISION_BOS, VISION_EOS,
                   IMAGE, VIDEO, TTS_PAD, TTS_BOS, TTS_EOS, *SPEAKERS.values(), VISION_PAD]
 
-# Qwen2.5-Omni's chat format: a message's content is a string or a list of parts; an audio
-# part is the <|AUDIO|> placeholder between its delimiters (the prompt builder widens it to
-# one row per audio-tower frame).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'audio' %}{{ '<|audio_bos|><|AUDIO|><|audio_eos|>' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+# Qwen2.5-Omni's chat format: the kit's ChatML, an audio part the <|AUDIO|> placeholder between
+# its delimiters (the prompt builder widens it to one row per audio-tower frame).
+CHAT_TEMPLATE = chatml_template(AUDIO_BOS + AUDIO + AUDIO_EOS)
+MAX_LENGTH = 4096  # tokenizer_config.json's model_max_length
 
 
 def train_tokenizer() -> Tokenizer:
@@ -70,16 +64,4 @@ def token_ids(tokenizer: Tokenizer) -> TokenIds:
 
 def save_tokenizer(tokenizer: Tokenizer, directory: Path) -> None:
     """tokenizer.json, tokenizer_config.json and chat_template.json (the processor's file)."""
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None, "eos_token": IM_END, "pad_token": PAD, "unk_token": None,
-        "additional_special_tokens": SPECIAL_TOKENS[1:],
-        "chat_template": CHAT_TEMPLATE,
-        "model_max_length": 4096,
-        "clean_up_tokenization_spaces": False,
-        "add_prefix_space": False,
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (directory / "chat_template.json").write_text(
-        json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
+    save_chatml_tokenizer(tokenizer, directory, SPECIAL_TOKENS, CHAT_TEMPLATE, MAX_LENGTH)

@@ -56,6 +56,7 @@ from pipeline.families.kit.release_build import release_dir
 from pipeline.families.kit.release_tensors import release_tensors
 from pipeline.families.kit.torch_placement import Placement
 from pipeline.families.kit.torch_thread import TorchThread
+from pipeline.families.kit.turn_states import keep_newest, turn_of
 from pipeline.families.qwen25_omni.build import FAMILY
 from pipeline.families.qwen25_omni.release import speaker_for
 from pipeline.families.qwen25_omni.token2wav_window import (
@@ -105,11 +106,6 @@ def sampler_settings(settings: dict[str, Any]) -> SamplerSettings:
                            float(settings.get("sway_coefficient", defaults.sway_coefficient)))
 
 
-def turn_of(request_id: str) -> str:
-    """The turn a VoiceBox request belongs to: its id without the last `/` part."""
-    return request_id.rpartition("/")[0]
-
-
 class OmniVoiceBox(BatchedVoiceBox[Window]):
     """VoiceBox on Qwen2.5-Omni's token2wav, windowed and micro-batched."""
 
@@ -140,9 +136,7 @@ class OmniVoiceBox(BatchedVoiceBox[Window]):
         window = turn.window(self.renderer, list(job.tokens), job.more, self.context,
                              self.lookahead)
         if job.more:
-            self.turns[key] = turn
-            while len(self.turns) > self.max_turns:
-                self.turns.popitem(last=False)
+            keep_newest(self.turns, key, turn, self.max_turns)
         return window
 
     def _samples_of(self, plan: Window) -> int:

@@ -3,13 +3,19 @@
 A release directory has the Hugging Face layout of the published Qwen3-Omni-30B-A3B checkpoints:
 config.json (architecture `Qwen3OmniMoeForConditionalGeneration`, model_type `qwen3_omni_moe`),
 the safetensors weights of thinker, talker and code2wav (one file, or shards and their index)
-and generation_config.json. (The tokenizer and the processor's files come with the thinker's
-stage, a later increment.)
+and generation_config.json, with the tokenizer, chat_template.json and the audio
+preprocessor_config.json (the tiny release's: `tiny_tokenizer`).
 
 The tiny release is transformers' own model class at the sizes of `tiny_config`, with RANDOM
-weights from a fixed torch seed: it exercises the real architecture, it says nothing. Two things
-make it a fair test of code that must compute what the reference computes:
+weights from a fixed torch seed: it exercises the real architecture, it says nothing. Three
+things make it a deterministic, fair test of code that must compute what the reference computes:
 
+- The talker's routed experts are drawn from the seeded generator (`redraw_talker_experts`):
+  transformers 5.19's constructor leaves them as torch.empty made them (its `_init_weights`
+  initialises the thinker's experts, `Qwen3OmniMoeThinkerTextExperts`, but not the talker's,
+  `Qwen3OmniMoeTalkerTextExperts`), so they held whatever memory was there: zeros or
+  denormals that differed from build to build, and the talker's routed branch computed
+  nothing.
 - Every parameter transformers initialises to a constant (biases at 0; norm weights at 1;
   layer scales at 0.01; the ConvNeXt gammas at 1e-6; SnakeBeta's alpha and beta at 0; the
   talker's routers and shared-expert gates at 0) gets random noise (`perturb_constants`): a
@@ -31,13 +37,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import Qwen3OmniMoeCode2Wav, Qwen3OmniMoeForConditionalGeneration
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    Qwen3OmniMoeTalkerTextExperts,
+)
 
-from pipeline.families.kit.hf_release import checked_release_config
+from pipeline.families.kit.hf_release import checked_release_config, hearing_files
 from pipeline.families.qwen3_omni.tiny_config import ARCHITECTURE, tiny_config
+from pipeline.families.qwen3_omni.tiny_tokenizer import write_tiny_tokenizer
 
 ARCHITECTURES = (ARCHITECTURE,)
 MODEL_TYPE = "qwen3_omni_moe"
@@ -54,9 +65,25 @@ def write_tiny_release(directory: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(tiny_config()).eval()
     generator = torch.Generator().manual_seed(seed + 1)
+    redraw_talker_experts(model, generator)  # first: left uninitialised, they may be constant
     perturb_constants(model, generator)
     code2wav_at_working_gain(model.code2wav, generator)
     model.save_pretrained(directory)
+    write_tiny_tokenizer(directory)  # its tokenizer, chat template and audio preprocessor
+
+
+@torch.no_grad()
+def redraw_talker_experts(model: Qwen3OmniMoeForConditionalGeneration,
+                          generator: torch.Generator) -> None:
+    """Draw the talker's routed experts (each layer's fused `gate_up_proj` and `down_proj`)
+    from `generator`, normal at the talker's initializer_range: what transformers draws for
+    the thinker's, which its constructor leaves the talker's without."""
+    talker: Any = model.config.talker_config  # a sub-config
+    std = float(talker.text_config.initializer_range)
+    for module in model.talker.modules():
+        if isinstance(module, Qwen3OmniMoeTalkerTextExperts):
+            for weights in (module.gate_up_proj, module.down_proj):
+                weights.copy_(torch.randn(weights.shape, generator=generator) * std)
 
 
 def constant_parameters(model: nn.Module) -> list[str]:
@@ -101,4 +128,4 @@ def check_release(directory: Path) -> dict:
     """The release's config.json, or a clear error naming what is missing or wrong."""
     return checked_release_config(directory, "Qwen3-Omni",
                                   "download Qwen/Qwen3-Omni-30B-A3B-Instruct there",
-                                  MODEL_TYPE, ARCHITECTURES)
+                                  MODEL_TYPE, ARCHITECTURES, hearing_files(Path(directory)))

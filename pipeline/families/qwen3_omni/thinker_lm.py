@@ -11,13 +11,12 @@ transformers' thinker, and vLLM's greedy tokens from audio-tower and text embedd
 reference's for 40 steps. (Vision prompts would need M-RoPE and deepstack; they are not served.)
 
 Written: config.json (`lm_config`: every field vLLM's and transformers' Qwen3-MoE read, from the
-thinker's text config), the thinker's `model.*` and `lm_head` tensors with `thinker.` dropped,
-one output shard per release shard (`release_tensors.write_renamed_shards`), experts one by one
-as the release names them, generation_config.json with the stop ids, and the release's
-tokenizer files where it has them. The tiny release has no tokenizer yet (it comes with the
-family's thinker stage, which turns text into ids itself): an engine serves its LM with
-`skip_tokenizer_init=True`, fed embeddings, giving ids; a real release's LM loads its
-tokenizer as usual. The same code converts tiny and real releases.
+thinker's text config, as `qwen3_moe_lm` writes both LMs'), the thinker's `model.*` and
+`lm_head` tensors with `thinker.` dropped, one output shard per release shard
+(`release_tensors.write_renamed_shards`), experts one by one as the release names them,
+generation_config.json with the stop ids, and the release's tokenizer files where it has
+them (the tiny release's is `tiny_tokenizer`'s). The same code converts tiny and real
+releases.
 """
 
 from __future__ import annotations
@@ -31,11 +30,11 @@ from transformers import Qwen3MoeConfig, Qwen3OmniMoeConfig
 from pipeline.families.kit.build_support import write_json
 from pipeline.families.kit.hf_release import copy_tokenizer_files
 from pipeline.families.kit.release_tensors import write_renamed_shards
+from pipeline.families.qwen3_omni import qwen3_moe_lm
+from pipeline.families.qwen3_omni.qwen3_moe_lm import GENERATION_CONFIG, check_plain_decoder
 
 PREFIXES = ("thinker.model.", "thinker.lm_head.")
 STRIP = "thinker."
-ARCHITECTURE = "Qwen3MoeForCausalLM"
-GENERATION_CONFIG = "generation_config.json"
 
 
 def write_thinker_lm(release: Path, directory: Path, dummy_weights: bool = False) -> None:
@@ -61,52 +60,29 @@ def text_config(release: Path) -> Any:
 
 
 def lm_config(release: Path) -> Qwen3MoeConfig:
-    """The Qwen3-MoE config of the release's thinker text model: its sizes, experts and
-    routing, 1-D RoPE at its theta, no sliding window (the thinker attends to everything);
-    a clear error for a thinker that a Qwen3-MoE decoder cannot be (`_check_convertible`)."""
+    """The Qwen3-MoE config of the release's thinker text model (`qwen3_moe_lm.lm_config`)
+    with its sparse-layer layout, tied head and token ids; a clear error for a thinker that a
+    Qwen3-MoE decoder cannot be (`_check_convertible`)."""
     text = text_config(release)
     _check_convertible(text)
-    # Not a declared field of Qwen3MoeConfig, read as getattr(config, "head_dim", hidden /
-    # heads) by transformers and vLLM alike: the published thinker's 128 is not 2048 / 32.
-    undeclared: dict[str, Any] = {"head_dim": text.head_dim}
-    return Qwen3MoeConfig(
-        architectures=[ARCHITECTURE],
-        vocab_size=text.vocab_size, hidden_size=text.hidden_size,
-        intermediate_size=text.intermediate_size, num_hidden_layers=text.num_hidden_layers,
-        num_attention_heads=text.num_attention_heads,
-        num_key_value_heads=text.num_key_value_heads, hidden_act=text.hidden_act,
-        max_position_embeddings=text.max_position_embeddings, rms_norm_eps=text.rms_norm_eps,
-        attention_bias=text.attention_bias,
-        rope_parameters={"rope_type": "default",
-                         "rope_theta": text.rope_parameters["rope_theta"]},
-        use_sliding_window=False, sliding_window=None,
+    return qwen3_moe_lm.lm_config(
+        release, text,
         decoder_sparse_step=text.decoder_sparse_step, mlp_only_layers=list(text.mlp_only_layers),
-        moe_intermediate_size=text.moe_intermediate_size, num_experts=text.num_experts,
-        num_experts_per_tok=text.num_experts_per_tok, norm_topk_prob=text.norm_topk_prob,
         tie_word_embeddings=text.tie_word_embeddings,
         bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id,
-        pad_token_id=text.pad_token_id, dtype=text.dtype or _release_dtype(release),
-        **undeclared,
-    )
+        pad_token_id=text.pad_token_id)
 
 
 def _check_convertible(text: Any) -> None:
     """Refuse a thinker text model that a plain Qwen3-MoE decoder would compute differently:
-    no q/k norms, a shared expert (transformers' Qwen3MoeForCausalLM has none), attention
-    biases (vLLM's Qwen3-MoE biases q, k and v but not the output projection, which the
-    thinker would bias too) or a RoPE scaling other than the default."""
+    no q/k norms, a shared expert (transformers' Qwen3MoeForCausalLM has none), or what
+    `qwen3_moe_lm.check_plain_decoder` refuses in either LM."""
     problems = []
     if not getattr(text, "use_qk_norm", True):
         problems.append("use_qk_norm is false")
     if getattr(text, "shared_expert_intermediate_size", 0):
         problems.append("it has a shared expert")
-    if text.attention_bias:
-        problems.append("attention_bias is true")
-    if text.rope_parameters.get("rope_type", "default") != "default":
-        problems.append(f"rope_type is {text.rope_parameters['rope_type']!r}")
-    if problems:
-        raise ValueError("the thinker's text model is no plain Qwen3-MoE decoder: "
-                         + "; ".join(problems))
+    check_plain_decoder(text, "thinker", problems)
 
 
 def stop_ids(release: Path) -> list[int]:
@@ -131,9 +107,3 @@ def _release_generation(release: Path) -> dict[str, Any]:
     """The release's generation_config.json ({} if it has none)."""
     path = Path(release) / GENERATION_CONFIG
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _release_dtype(release: Path) -> str:
-    """The release's dtype as its config.json names it (float32 if it names none)."""
-    config = json.loads((Path(release) / "config.json").read_text())
-    return str(config.get("dtype") or config.get("torch_dtype") or "float32")

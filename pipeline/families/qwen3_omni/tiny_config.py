@@ -99,6 +99,14 @@ def tiny_config(ids: TokenIds | None = None, codec: CodecIds | None = None
 
 def tiny_config_dict(ids: TokenIds, codec: CodecIds) -> dict[str, Any]:
     """The tiny configuration as the published config.json lays it out (its names)."""
+    return omni_config_dict(ids, _thinker(ids), _talker(ids, codec), _code2wav())
+
+
+def omni_config_dict(ids: TokenIds, thinker: dict[str, Any], talker: dict[str, Any],
+                     code2wav: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen3-Omni configuration as the published config.json lays it out: the top level's
+    architecture and ids around the three parts' configurations (this module's at test size,
+    `real_size.py`'s as published)."""
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "qwen3_omni_moe",
@@ -107,9 +115,34 @@ def tiny_config_dict(ids: TokenIds, codec: CodecIds) -> dict[str, Any]:
         "tts_pad_token_id": ids.tts_pad, "tts_bos_token_id": ids.tts_bos,
         "tts_eos_token_id": ids.tts_eos, "system_token_id": ids.system,
         "user_token_id": ids.user, "assistant_token_id": ids.assistant,
-        "thinker_config": _thinker(ids),
-        "talker_config": _talker(ids, codec),
-        "code2wav_config": _code2wav(),
+        "thinker_config": thinker,
+        "talker_config": talker,
+        "code2wav_config": code2wav,
+    }
+
+
+def thinker_ids(ids: TokenIds) -> dict[str, Any]:
+    """The ids the thinker's configuration names, and its audio positions' timing (13 a
+    second, chunks of 2 s), as published."""
+    return {
+        "audio_start_token_id": ids.audio_start, "audio_end_token_id": ids.audio_end,
+        "audio_token_id": ids.audio, "image_token_id": ids.image, "video_token_id": ids.video,
+        "vision_start_token_id": ids.vision_start, "vision_end_token_id": ids.vision_end,
+        "position_id_per_seconds": 13, "seconds_per_chunk": 2, "user_token_id": ids.user,
+    }
+
+
+def talker_ids(ids: TokenIds, codec: CodecIds) -> dict[str, Any]:
+    """The thinker-vocabulary and codec ids the talker's configuration names, and its speakers'
+    (the ids of the codec's speaker rows)."""
+    return {
+        "audio_start_token_id": ids.audio_start, "audio_end_token_id": ids.audio_end,
+        "audio_token_id": ids.audio, "image_token_id": ids.image, "video_token_id": ids.video,
+        "vision_start_token_id": ids.vision_start,
+        "codec_bos_id": codec.bos, "codec_eos_token_id": codec.eos, "codec_pad_id": codec.pad,
+        "codec_nothink_id": codec.nothink, "codec_think_bos_id": codec.think_bos,
+        "codec_think_eos_id": codec.think_eos,
+        "speaker_id": dict(codec.speakers),
     }
 
 
@@ -136,10 +169,7 @@ def _moe_text(hidden: int, vocab: int, shared: int) -> dict[str, Any]:
 
 def _thinker(ids: TokenIds) -> dict[str, Any]:
     return {
-        "audio_start_token_id": ids.audio_start, "audio_end_token_id": ids.audio_end,
-        "audio_token_id": ids.audio, "image_token_id": ids.image, "video_token_id": ids.video,
-        "vision_start_token_id": ids.vision_start, "vision_end_token_id": ids.vision_end,
-        "position_id_per_seconds": 13, "seconds_per_chunk": 2, "user_token_id": ids.user,
+        **thinker_ids(ids),
         "audio_config": {
             "num_mel_bins": 128, "d_model": 64, "encoder_attention_heads": 2,
             "encoder_ffn_dim": 128, "encoder_layers": 2, "downsample_hidden_size": 32,
@@ -162,15 +192,9 @@ def _thinker(ids: TokenIds) -> dict[str, Any]:
 def _talker(ids: TokenIds, codec: CodecIds) -> dict[str, Any]:
     return {
         "accept_hidden_layer": 1,  # the thinker layer whose states feed the talker (24 of 48)
-        "audio_start_token_id": ids.audio_start, "audio_end_token_id": ids.audio_end,
-        "audio_token_id": ids.audio, "image_token_id": ids.image, "video_token_id": ids.video,
-        "vision_start_token_id": ids.vision_start,
-        "codec_bos_id": codec.bos, "codec_eos_token_id": codec.eos, "codec_pad_id": codec.pad,
-        "codec_nothink_id": codec.nothink, "codec_think_bos_id": codec.think_bos,
-        "codec_think_eos_id": codec.think_eos,
+        **talker_ids(ids, codec),
         "num_code_groups": NUM_CODE_GROUPS, "thinker_hidden_size": THINKER_HIDDEN,
         "spatial_merge_size": 2, "position_id_per_seconds": 13, "seconds_per_chunk": 2,
-        "speaker_id": dict(codec.speakers),
         "text_config": _moe_text(TALKER_HIDDEN, TALKER_VOCAB, shared=2 * TALKER_HIDDEN),
         "code_predictor_config": {
             "num_hidden_layers": 2, "hidden_size": TALKER_HIDDEN, "head_dim": HEAD_DIM,
