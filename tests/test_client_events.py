@@ -229,12 +229,13 @@ async def test_response_create_answers_from_history_one_at_a_time(
     assert error["event_id"] == "evt_second"
     created = await caller.wait_for("response.created")
 
-    # Every request of the turn is named call/turn/stage/chunk after this response's turn.
+    # Every request of the turn is named call/turn/stage/chunk after this response's turn,
+    # but the VoiceBox's closing job, call/turn/voicebox/end (Turn._voice).
     reply = session.reply
     assert reply is not None and reply.response_id == created["response"]["id"]
     call_id = session.call.id
     pattern = re.compile(rf"^{re.escape(call_id)}/{re.escape(reply.turn_id)}/"
-                         r"(thinker|talker|voicebox)/\d+(\.\d+)?$")
+                         r"((thinker|talker|voicebox)/\d+(\.\d+)?|voicebox/end)$")
     seen: set[str] = set()
     while session.reply is reply:
         seen.update(r for r in await held_request_ids(tiny_server) if call_id in r)
