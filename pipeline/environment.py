@@ -51,6 +51,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("VLLM_ENABLE_V1_MULTIPROCESSING", "0 while an engine is created: a CPU engine runs "
              "its model in its engine core's process, not a third one "
              "(pipeline/engines/vllm_internals.py)"),
+    Variable("OMNIVOX_ENGINE_FREEZE_AT_EXIT", "1 while an engine is created: its engine core "
+             "freezes its heap at exit instead of collecting it (pipeline/engines/vllm_plugin.py)"),
     Variable("PYTHONUNBUFFERED", "a bench's child commands print as they go", "1"),
     Variable("XDG_CACHE_HOME", "read: where the benches cache synthesized speech "
              "(~/.cache when unset)"),

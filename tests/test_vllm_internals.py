@@ -15,7 +15,7 @@ import sys
 import psutil
 import pytest
 
-from pipeline.engines import vllm_internals
+from pipeline.engines import vllm_internals, vllm_plugin
 
 ADAPTER = "pipeline/engines/vllm_internals.py"
 
@@ -80,12 +80,13 @@ def test_engine_creation_sets_the_variables_for_one_creation_and_restores_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     name, threads = vllm_internals.CPU_BIND_ENV, vllm_internals.OMP_THREADS_ENV
-    single = vllm_internals.MULTIPROCESSING_ENV
-    for variable in (name, threads, single):
+    single, freeze = vllm_internals.MULTIPROCESSING_ENV, vllm_plugin.FREEZE_AT_EXIT
+    for variable in (name, threads, single, freeze):
         monkeypatch.delenv(variable, raising=False)
     with vllm_internals.engine_creation("1"):
         assert (os.environ[name], os.environ[threads], os.environ[single]) == ("1", "1", "0")
-    assert not {name, threads, single} & set(os.environ)
+        assert os.environ[freeze] == "1"
+    assert not {name, threads, single, freeze} & set(os.environ)
     monkeypatch.setenv(name, "0-1")
     with vllm_internals.engine_creation(None):
         assert os.environ[name] == "0-1" and threads not in os.environ

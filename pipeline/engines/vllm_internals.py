@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from pipeline import environment
+from pipeline.engines import vllm_plugin
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -101,7 +102,8 @@ def engine_creation(cores: str | None, threads: int | None = None) -> Iterator[N
     """Hold the engine-creation lock with the environment the engine's processes inherit:
     VLLM_CPU_OMP_THREADS_BIND set to `cores`; the model in the engine core's process
     (VLLM_ENABLE_V1_MULTIPROCESSING 0, unless the operator set it); for a core list
-    OMP_NUM_THREADS their count, for "nobind" `threads`. All are restored on exit, and the
+    OMP_NUM_THREADS their count, for "nobind" `threads`; the heap frozen at the engine core's
+    exit (vllm_plugin). All are restored on exit, and the
     processes the creation spawned (the engine core) are then confined to the cores, every
     thread of them, as vLLM's multiprocess executor binds its workers. This process's own
     threads keep their affinity."""
@@ -109,7 +111,8 @@ def engine_creation(cores: str | None, threads: int | None = None) -> Iterator[N
     if threads is None and cpus:
         threads = len(cpus)
     wanted = {CPU_BIND_ENV: cores, OMP_THREADS_ENV: None if threads is None else str(threads),
-              MULTIPROCESSING_ENV: environment.get(MULTIPROCESSING_ENV) or "0"}
+              MULTIPROCESSING_ENV: environment.get(MULTIPROCESSING_ENV) or "0",
+              vllm_plugin.FREEZE_AT_EXIT: "1"}
     with _CPU_BIND_LOCK:
         previous = {name: environment.get(name) for name in wanted}
         before = {child.pid for child in psutil.Process().children()}
