@@ -79,8 +79,8 @@ test: lint
 # starve on 2 cores: docs/measurements/2026-12-03-load-test.md), the kiosk page through ten
 # minutes of questions with a server restart halfway, the orpheus profile with a chat-model
 # Thinker (two engine starts: too long for make test), 8 SIP phones calling through `omnivox sip`
-# at once, and calls on the real models' widths (omni and orpheus, one layer a stack: 3.9 GB
-# written, minutes each).
+# at once, calls on the real models' widths (omni, orpheus and qwen3-omni, one layer a stack:
+# 3.5-3.9 GB written, minutes each), and `bench calls --compare-sequential` (a second server to start).
 soak: setup
 	OMNIVOX_LOAD_CALLS=16 OMNIVOX_LOAD_DURATION_S=600 $(BIN)/python -m pytest -s tests/test_load.py
 	OMNIVOX_KIOSK_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_kiosk.py
@@ -88,6 +88,7 @@ soak: setup
 	OMNIVOX_ORPHEUS_CHAT_THINKER=1 $(BIN)/python -m pytest -s tests/test_orpheus_chat_thinker.py
 	OMNIVOX_SIP_SOAK_CALLS=8 $(BIN)/python -m pytest -s tests/test_sip_bridge.py -k concurrent
 	OMNIVOX_REAL_WIDTHS=1 $(BIN)/python -m pytest -s tests/test_real_width_calls.py
+	OMNIVOX_BENCH_SEQUENTIAL=1 $(BIN)/python -m pytest -s tests/test_bench_calls.py -k sequential_stages
 
 # The regression guard of the turn path: the short benches against
 # docs/measurements/baseline.json (not a test: timings are noisy). BENCH_CHECK_ARGS=--record

@@ -1,8 +1,9 @@
 """`omnivox bench calls` as a user runs it: it starts `omnivox serve --profile tiny` itself (and a
-second server with --sequential-stages), calls it from aiortc callers in worker processes at
-one and two concurrent calls, and writes a table, JSON whose figures are real measurements, and
-PNG plots. Also the pieces it stands on that need no server: the Prometheus histogram reading,
-the serve option that turns the stage overlap off, the cached speech."""
+second server with --sequential-stages for `--compare-sequential`, in `make soak`), calls it
+from aiortc callers in worker processes at one and two concurrent calls, and writes a table,
+JSON whose figures are real measurements, and PNG plots. Also the pieces it stands on that
+need no server: the Prometheus histogram reading, the serve option that turns the stage overlap
+off, the cached speech."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -35,6 +37,7 @@ from tests.conftest import wait_idle
 from tests.served import Served
 
 PNG = b"\x89PNG\r\n\x1a\n"
+TURNS = 3  # a call's turns in the bench runs
 
 
 @pytest.mark.engines
@@ -72,86 +75,97 @@ async def test_light_callers_cost_less_than_full_ones(tiny_server: Served,
     assert "pace p99" in table and "calls per core of the call plane" in table, table
 
 
-@pytest.mark.engines
-def test_bench_calls_command(tiny_models_dir: Path, tmp_path: Path) -> None:
+def bench_calls(models_dir: Path, tmp_path: Path, *options: str) -> tuple[str, dict[str, Any]]:
+    """`omnivox bench calls` on tiny, TURNS turns a call, every second one talked over: what it
+    printed and the JSON it wrote."""
     out = tmp_path / "calls.json"
-    plots = tmp_path / "plots"
     command = [sys.executable, "-m", "agent.cli", "bench", "calls", "--profile", "tiny",
-               "--models-dir", str(tiny_models_dir), "--concurrency", "1,2", "--turns", "3",
-               "--barge-in-every", "2", "--reply-tokens", "24", "--pause", "0.5",
-               "--compare-sequential", "--speech-dir", str(tmp_path / "speech"),
-               "--json", str(out), "--plots", str(plots), "--no-progress"]
+               "--models-dir", str(models_dir), "--turns", str(TURNS), "--barge-in-every", "2",
+               "--reply-tokens", "24", "--pause", "0.5", "--speech-dir", str(tmp_path / "speech"),
+               "--json", str(out), "--no-progress", *options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "ttfa p50" in done.stdout
-    assert "target (tiny): time to first audio p50 < 150 ms" in done.stdout
+    return done.stdout, json.loads(out.read_text())
 
-    result = json.loads(out.read_text())
+
+def assert_level(level: dict[str, Any]) -> None:
+    """One level's figures are real measurements of its calls, consistent with each other."""
+    n = level["concurrency"]
+    assert level["calls_connected"] == n and level["calls_dropped"] == 0, level
+    assert level["error_events"] == 0, level["errors"]
+    assert level["turns_ok"] == TURNS * n and level["turns_failed"] == 0, level["failures"]
+    wall_ms = level["wall_s"] * 1000  # every figure below was taken inside the level
+    silence = level["silence_ms"]
+    assert silence == 500  # the server's turn detection, as session.created said
+    ttfa, after_vad = level["ttfa_ms"], level["ttfa_after_vad_ms"]
+    samples = level["samples"]["ttfa_ms"]
+    assert ttfa["n"] == after_vad["n"] == TURNS * n == len(samples), (ttfa, after_vad)
+    # The summary is of these samples; the figure after the VAD is the same less the silence.
+    assert ttfa["p50"] == pytest.approx(float(np.median(samples))), (ttfa, samples)
+    assert ttfa["max"] == max(samples), (ttfa, samples)
+    for key in ("p50", "p95", "max"):
+        assert after_vad[key] == pytest.approx(ttfa[key] - silence), (key, ttfa, after_vad)
+    # No reply can start before the server's VAD has heard `silence` ms of silence.
+    assert silence < min(samples) <= ttfa["p50"] <= ttfa["p95"] <= ttfa["max"] < wall_ms
+    # Turn 2 of each call was talked over by turn 3: the server waits for barge_in_min_ms
+    # (200 ms) of speech before it cuts, so the reply went on for a while after our onset.
+    barge = level["barge_in_stop_ms"]
+    assert level["barge_ins_planned"] == n and barge["n"] == n, barge
+    assert barge["max"] == max(level["samples"]["barge_in_stop_ms"]), barge
+    assert 100 < barge["p50"] <= barge["max"] < wall_ms, barge
+    heard = level["barge_in_heard_ms"]  # the server's speech_started, after our onset
+    assert heard["n"] == n and 0 < heard["p50"] < barge["p50"], (heard, barge)
+    # The stop counted from speech_started is the stop less that: for one or two barge-ins
+    # (a median of one or two values is their mean) the medians subtract too.
+    after_heard = level["barge_in_stop_after_heard_ms"]
+    assert after_heard["p50"] == pytest.approx(barge["p50"] - heard["p50"]), after_heard
+    # The cut arrived after speech_started and after the floor's 200 ms of speech had been
+    # sent in real time (less a frame or two: the VAD counts from its first voiced frame);
+    # the stop is the cut plus what was still heard after it.
+    cut, after_cut = level["barge_in_cut_ms"], level["barge_in_after_cut_ms"]
+    assert cut["n"] == n and heard["p50"] < cut["p50"] and cut["p50"] > 150, (cut, heard)
+    assert after_cut["p50"] == pytest.approx(barge["p50"] - cut["p50"]), after_cut
+    # Gaps inside replies: the count of those of GAP_MS or more agrees with the longest.
+    assert level["gaps_ms_max"] is not None and level["gaps_ms_max"] < wall_ms, level
+    assert (level["gaps"] > 0) == (level["gaps_ms_max"] >= GAP_MS), level
+    longest = level["longest_gap"]  # that turn, with the server's underruns in it
+    if level["gaps_ms_max"]:
+        assert longest["gaps_ms"] == level["gaps_ms_max"], longest
+        assert longest["stamps"]["underruns"] >= 0, longest
+    else:
+        assert longest is None, longest
+    assert level["late_ms_max"] is not None and level["late_ms_max"] < wall_ms, level
+    # Turns per second: over the time until the last reply ended, which is within the
+    # level and at least as long as the slowest turn's first audio took.
+    assert level["turns_ok"] / level["wall_s"] <= level["turns_per_s"], level
+    assert level["turns_per_s"] <= level["turns_ok"] / (ttfa["max"] / 1000), level
+    assert level["rtp_misses"] == 0
+    server = level["server"]
+    rss = server["rss_mb"]  # the API process, sampled while the calls ran
+    assert rss["max"] > 50 and rss["first"] <= rss["max"] and rss["last"] <= rss["max"], rss
+    cores = server["cpu_cores"]  # CPU time over the level's wall time: within the machine
+    assert cores["api"] > 0 and cores["stages"] > 0, cores
+    assert cores["api"] + cores["stages"] <= (os.cpu_count() or 1) + 0.05, cores
+    assert server["healthz_unanswered"] == 0
+    # The server (started here) has /metrics: its own figures for the level agree.
+    assert server["metrics"], server
+    assert server["event_loop_lag_p99_ms"] is not None and server["event_loop_lag_p99_ms"] > 0
+    assert server["calls_dropped"] == 0 and server["calls_refused"] == 0, server
+    assert server["server_ttfa_p50_ms"] is not None, server
+
+
+@pytest.mark.engines
+def test_bench_calls_command(tiny_models_dir: Path, tmp_path: Path) -> None:
+    plots = tmp_path / "plots"
+    stdout, result = bench_calls(tiny_models_dir, tmp_path, "--concurrency", "1,2",
+                                 "--plots", str(plots))
+    assert "ttfa p50" in stdout
+    assert "target (tiny): time to first audio p50 < 150 ms" in stdout
     assert [level["concurrency"] for level in result["levels"]] == [1, 2]
-    for level in [*result["levels"], result["sequential"]]:
-        n = level["concurrency"]
-        assert level["calls_connected"] == n and level["calls_dropped"] == 0, level
-        assert level["error_events"] == 0, level["errors"]
-        assert level["turns_ok"] == 3 * n and level["turns_failed"] == 0, level["failures"]
-        wall_ms = level["wall_s"] * 1000  # every figure below was taken inside the level
-        silence = level["silence_ms"]
-        assert silence == 500  # the server's turn detection, as session.created said
-        ttfa, after_vad = level["ttfa_ms"], level["ttfa_after_vad_ms"]
-        samples = level["samples"]["ttfa_ms"]
-        assert ttfa["n"] == after_vad["n"] == 3 * n == len(samples), (ttfa, after_vad)
-        # The summary is of these samples; the figure after the VAD is the same less the silence.
-        assert ttfa["p50"] == pytest.approx(float(np.median(samples))), (ttfa, samples)
-        assert ttfa["max"] == max(samples), (ttfa, samples)
-        for key in ("p50", "p95", "max"):
-            assert after_vad[key] == pytest.approx(ttfa[key] - silence), (key, ttfa, after_vad)
-        # No reply can start before the server's VAD has heard `silence` ms of silence.
-        assert silence < min(samples) <= ttfa["p50"] <= ttfa["p95"] <= ttfa["max"] < wall_ms
-        # Turn 2 of each call was talked over by turn 3: the server waits for barge_in_min_ms
-        # (200 ms) of speech before it cuts, so the reply went on for a while after our onset.
-        barge = level["barge_in_stop_ms"]
-        assert level["barge_ins_planned"] == n and barge["n"] == n, barge
-        assert barge["max"] == max(level["samples"]["barge_in_stop_ms"]), barge
-        assert 100 < barge["p50"] <= barge["max"] < wall_ms, barge
-        heard = level["barge_in_heard_ms"]  # the server's speech_started, after our onset
-        assert heard["n"] == n and 0 < heard["p50"] < barge["p50"], (heard, barge)
-        # The stop counted from speech_started is the stop less that: for one or two barge-ins
-        # (a median of one or two values is their mean) the medians subtract too.
-        after_heard = level["barge_in_stop_after_heard_ms"]
-        assert after_heard["p50"] == pytest.approx(barge["p50"] - heard["p50"]), after_heard
-        # The cut arrived after speech_started and after the floor's 200 ms of speech had been
-        # sent in real time (less a frame or two: the VAD counts from its first voiced frame);
-        # the stop is the cut plus what was still heard after it.
-        cut, after_cut = level["barge_in_cut_ms"], level["barge_in_after_cut_ms"]
-        assert cut["n"] == n and heard["p50"] < cut["p50"] and cut["p50"] > 150, (cut, heard)
-        assert after_cut["p50"] == pytest.approx(barge["p50"] - cut["p50"]), after_cut
-        # Gaps inside replies: the count of those of GAP_MS or more agrees with the longest.
-        assert level["gaps_ms_max"] is not None and level["gaps_ms_max"] < wall_ms, level
-        assert (level["gaps"] > 0) == (level["gaps_ms_max"] >= GAP_MS), level
-        longest = level["longest_gap"]  # that turn, with the server's underruns in it
-        if level["gaps_ms_max"]:
-            assert longest["gaps_ms"] == level["gaps_ms_max"], longest
-            assert longest["stamps"]["underruns"] >= 0, longest
-        else:
-            assert longest is None, longest
-        assert level["late_ms_max"] is not None and level["late_ms_max"] < wall_ms, level
-        # Turns per second: over the time until the last reply ended, which is within the
-        # level and at least as long as the slowest turn's first audio took.
-        assert level["turns_ok"] / level["wall_s"] <= level["turns_per_s"], level
-        assert level["turns_per_s"] <= level["turns_ok"] / (ttfa["max"] / 1000), level
-        assert level["rtp_misses"] == 0
-        server = level["server"]
-        rss = server["rss_mb"]  # the API process, sampled while the calls ran
-        assert rss["max"] > 50 and rss["first"] <= rss["max"] and rss["last"] <= rss["max"], rss
-        cores = server["cpu_cores"]  # CPU time over the level's wall time: within the machine
-        assert cores["api"] > 0 and cores["stages"] > 0, cores
-        assert cores["api"] + cores["stages"] <= (os.cpu_count() or 1) + 0.05, cores
-        assert server["healthz_unanswered"] == 0
-        # The server (started here) has /metrics: its own figures for the level agree.
-        assert server["metrics"], server
-        assert server["event_loop_lag_p99_ms"] is not None and server["event_loop_lag_p99_ms"] > 0
-        assert server["calls_dropped"] == 0 and server["calls_refused"] == 0, server
-        assert server["server_ttfa_p50_ms"] is not None, server
+    for level in result["levels"]:
+        assert_level(level)
+    assert result["sequential"] is None and result["cascade_vs_sequential"] is None
     # `bench check` reads its 1-call figures out of this same JSON, each one there.
     one_call = check.read_figures(check.Run("calls", (), check.calls_figures(1)), result)
     level = result["levels"][0]
@@ -159,14 +173,27 @@ def test_bench_calls_command(tiny_models_dir: Path, tmp_path: Path) -> None:
         "value"] == pytest.approx(level["ttfa_after_vad_ms"]["p50"], abs=1e-3)
     assert one_call["calls: 1 call: gaps in replies"]["value"] == level["gaps"]
     assert all(figure["value"] is not None for figure in one_call.values()), one_call
+    assert sorted(p.name for p in plots.iterdir()) == ["capacity.png", "latency_cdf.png"]
+    for png in plots.iterdir():
+        assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
+
+
+@pytest.mark.engines
+@pytest.mark.skipif(not os.environ.get("OMNIVOX_BENCH_SEQUENTIAL"),
+                    reason="a second server (sequential stages, 40-60 s to start) for one bench "
+                           "option: set OMNIVOX_BENCH_SEQUENTIAL (make soak)")
+def test_bench_calls_compares_the_cascade_with_sequential_stages(tiny_models_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    stdout, result = bench_calls(tiny_models_dir, tmp_path, "--concurrency", "1",
+                                 "--compare-sequential")
+    assert "cascade vs sequential stages at 1 call(s)" in stdout
+    for level in [*result["levels"], result["sequential"]]:
+        assert_level(level)
     ratio = result["cascade_vs_sequential"]
     assert ratio["concurrency"] == 1
     assert ratio["cascade_ms"] == result["levels"][0]["ttfa_after_vad_ms"]["p50"], ratio
     assert ratio["sequential_ms"] == result["sequential"]["ttfa_after_vad_ms"]["p50"], ratio
     assert ratio["ratio"] == pytest.approx(ratio["sequential_ms"] / ratio["cascade_ms"])
-    assert sorted(p.name for p in plots.iterdir()) == ["capacity.png", "latency_cdf.png"]
-    for png in plots.iterdir():
-        assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
 
 
 def test_bad_concurrency_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
