@@ -80,7 +80,7 @@ test: lint
 # minutes of questions with a server restart halfway, the orpheus profile with a chat-model
 # Thinker (two engine starts: too long for make test), 8 SIP phones calling through `omnivox sip`
 # at once, calls on the real models' widths (omni, orpheus and qwen3-omni, one layer a stack:
-# 3.5-3.9 GB written, minutes each), and `bench calls --compare-sequential` (a second server to start).
+# 3.5-3.9 GB written, minutes each), and `bench calls --compare-sequential` (a second server).
 soak: setup
 	OMNIVOX_LOAD_CALLS=16 OMNIVOX_LOAD_DURATION_S=600 $(BIN)/python -m pytest -s tests/test_load.py
 	OMNIVOX_KIOSK_SOAK_S=600 $(BIN)/python -m pytest -s tests/test_kiosk.py

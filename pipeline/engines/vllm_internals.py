@@ -103,10 +103,9 @@ def engine_creation(cores: str | None, threads: int | None = None) -> Iterator[N
     VLLM_CPU_OMP_THREADS_BIND set to `cores`; the model in the engine core's process
     (VLLM_ENABLE_V1_MULTIPROCESSING 0, unless the operator set it); for a core list
     OMP_NUM_THREADS their count, for "nobind" `threads`; the heap frozen at the engine core's
-    exit (vllm_plugin). All are restored on exit, and the
-    processes the creation spawned (the engine core) are then confined to the cores, every
-    thread of them, as vLLM's multiprocess executor binds its workers. This process's own
-    threads keep their affinity."""
+    exit (vllm_plugin). All are restored on exit, and the processes the creation spawned (the
+    engine core) are then confined to the cores, every thread of them, as vLLM's multiprocess
+    executor binds its workers. This process's own threads keep their affinity."""
     cpus = cpu_list(cores)
     if threads is None and cpus:
         threads = len(cpus)

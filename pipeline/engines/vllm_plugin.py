@@ -7,7 +7,7 @@ while `vllm_internals.engine_creation` holds): it freezes the garbage collector'
 By then the engine core has shut down (run_engine_core's `finally`); left unfrozen, the cyclic
 collection of torch's and vLLM's objects during interpreter finalization took 1.5-2 s of CPU on
 every engine stop, which the stage worker stopping the engine waits for (a tiny engine's stop:
-2.7-3.3 s, 1.2-1.3 s frozen). vLLM does the same on ROCm after a clean shutdown; the operating
+2.7-3.3 s, 1.0-1.1 s frozen). vLLM does the same on ROCm after a clean shutdown; the operating
 system reclaims the frozen heap as the process exits.
 """
 
